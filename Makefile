@@ -1,0 +1,41 @@
+# Two commands: `make tutorial` (everything, end to end) and `make test` (the suite).
+# PYTHON=/path/to/python uses an environment that is already provisioned (the GPU machine's, say):
+# nothing is installed then, and that interpreter runs the server's backend and the notebooks alike.
+VENV_PYTHON := .venv/bin/python
+PYTHON ?= $(VENV_PYTHON)
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+PYTEST_ARGS ?=
+
+.PHONY: setup tutorial test serve stop status lab clean clean-env
+
+setup:
+ifeq ($(PYTHON),$(VENV_PYTHON))
+	bash scripts/setup-env.sh .venv
+else
+	@$(PYTHON) -c "import vllm, tritonclient, utils; print('using', __import__('sys').executable, '| vllm', vllm.__version__)"
+endif
+
+tutorial: setup
+	$(PYTHON) -m utils.tutorial
+
+test: setup
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+serve: setup
+	$(PYTHON) -m utils.server start
+
+stop:
+	$(PYTHON) -m utils.server stop
+
+status:
+	$(PYTHON) -m utils.server status
+
+lab: setup
+	$(PYTHON) -m jupyter lab notebooks
+
+clean:
+	-$(PYTHON) -m utils.server stop 2>/dev/null
+	rm -rf runs models .pytest_cache
+
+clean-env: clean
+	rm -rf .venv

@@ -1,0 +1,475 @@
+"""A Triton Python-based backend that serves a vLLM engine (``backend: "vllm"`` in config.pbtxt).
+
+Design, in one paragraph: Triton's stub calls ``execute`` on its main thread; we validate each request
+there (bad input is answered at once with an INVALID_ARG error naming the field) and hand the valid ones
+to an asyncio loop on a thread of its own, where vLLM's ``AsyncLLM`` runs. Each request is one task that
+iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and keeps at most one response in
+flight: ``send`` (an IPC round trip to the Triton process) runs on a small thread pool, and while it is
+in flight vLLM merges newly generated tokens into the request's next output. Under light load every
+token is its own response; under heavy load responses carry several tokens and the number of IPC round
+trips stays bounded by what the stub can carry, instead of the event loop stalling on one send per token.
+"""
+
+from __future__ import annotations
+
+import locale
+
+
+def _use_utf8_locale() -> None:
+    """The stub embeds Python without calling setlocale; vLLM and its tokenizers need a UTF-8 LC_CTYPE."""
+    for name in ("C.UTF-8", "C.utf8", "en_US.UTF-8"):
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+            return
+        except locale.Error:
+            continue
+
+
+_use_utf8_locale()
+
+import asyncio  # noqa: E402
+import concurrent.futures  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import msgspec  # noqa: E402
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+from vllm.v1.engine.exceptions import EngineDeadError  # noqa: E402
+
+
+def _load_sibling(module_name: str, file_name: str):
+    """Import a file beside this one (the stub loads model.py by path, not as part of a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(file_name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TritonStatLogger = _load_sibling("vllm_backend_metrics", "metrics.py").TritonStatLogger
+
+BOOL_INPUTS = (
+    "stream",
+    "exclude_input_in_output",
+    "return_finish_reason",
+    "return_cumulative_logprob",
+    "return_logprobs",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+)
+OPTIONAL_OUTPUTS = {
+    "return_finish_reason": ("finish_reason", "TYPE_STRING"),
+    "return_cumulative_logprob": ("cumulative_logprob", "TYPE_FP32"),
+    "return_logprobs": ("logprobs", "TYPE_STRING"),
+    "return_num_input_tokens": ("num_input_tokens", "TYPE_UINT32"),
+    "return_num_output_tokens": ("num_output_tokens", "TYPE_UINT32"),
+}
+# SamplingParams fields a client may set; the rest are vLLM's internals (output_kind is ours to choose).
+INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
+REQUEST_ONLY_KEYS = {"lora_name"}
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_POLL_S = 0.25
+
+
+class BadRequest(ValueError):
+    """A client error: answered with INVALID_ARG, the server keeps serving."""
+
+
+def allowed_sampling_keys() -> list[str]:
+    names = msgspec.structs.fields(SamplingParams)
+    return sorted({f.name for f in names if not f.name.startswith("_")} - INTERNAL_SAMPLING_FIELDS | REQUEST_ONLY_KEYS)
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str
+    stream: bool
+    exclude_input: bool
+    sampling: dict
+    lora_name: str | None
+    wants: dict[str, bool] = field(default_factory=dict)
+
+
+def _tensor(request, name: str):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def _bool_input(request, name: str, default: bool) -> bool:
+    value = _tensor(request, name)
+    if value is None or value.size == 0:
+        return default
+    if value.dtype != np.bool_:
+        raise BadRequest(f"'{name}' must be BOOL, got {value.dtype}")
+    return bool(value.reshape(-1)[0])
+
+
+def _text_input(request) -> str:
+    value = _tensor(request, "text_input")
+    if value is None or value.size == 0:
+        raise BadRequest("'text_input' is required: the prompt as one UTF-8 string")
+    raw = value.reshape(-1)[0]
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadRequest(f"'text_input' is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r})") from None
+    text = str(raw)
+    if not text.strip():
+        raise BadRequest("'text_input' is empty: send a non-empty prompt")
+    return text
+
+
+def _sampling_input(request) -> dict:
+    """Sampling parameters from the ``sampling_parameters`` JSON input, then from request parameters."""
+    merged: dict = {}
+    value = _tensor(request, "sampling_parameters")
+    if value is not None and value.size:
+        raw = value.reshape(-1)[0]
+        raw = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+        if raw.strip():
+            try:
+                parsed = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise BadRequest(f"'sampling_parameters' is not valid JSON: {err.msg} at character {err.pos}") from None
+            if not isinstance(parsed, dict):
+                raise BadRequest("'sampling_parameters' must be a JSON object, e.g. {\"max_tokens\": 64}")
+            merged.update(parsed)
+    parameters = json.loads(request.parameters() or "{}")
+    merged.update(parameters)
+    return merged
+
+
+def parse_request(request) -> ParsedRequest:
+    """Everything about one request that can be checked before the engine sees it."""
+    prompt = _text_input(request)
+    flags = {name: _bool_input(request, name, default=(name == "exclude_input_in_output" and False)) for name in BOOL_INPUTS}
+    sampling = _sampling_input(request)
+    allowed = allowed_sampling_keys()
+    unknown = sorted(set(sampling) - set(allowed))
+    if unknown:
+        raise BadRequest(f"unknown sampling parameter(s) {unknown}; allowed: {', '.join(allowed)}")
+    lora_name = sampling.pop("lora_name", None)
+    if lora_name is not None and not isinstance(lora_name, str):
+        raise BadRequest("'lora_name' must be a string")
+    return ParsedRequest(
+        prompt=prompt,
+        stream=flags["stream"],
+        exclude_input=flags["exclude_input_in_output"],
+        sampling=sampling,
+        lora_name=lora_name,
+        wants={key: flags[key] for key in OPTIONAL_OUTPUTS},
+    )
+
+
+def build_sampling_params(sampling: dict, stream: bool, max_model_len: int) -> SamplingParams:
+    """Type-check and range-check with vLLM's own rules; numeric strings are accepted (older clients send them)."""
+    if sampling.get("n", 1) not in (1, "1"):
+        raise BadRequest("'n' must be 1: send one request per completion")
+    try:
+        params = msgspec.convert(sampling, SamplingParams, strict=False)
+    except msgspec.ValidationError as err:
+        raise BadRequest(f"invalid sampling parameters: {err}") from None
+    except (ValueError, TypeError) as err:
+        raise BadRequest(f"invalid sampling parameters: {err}") from None
+    if params.max_tokens is not None and params.max_tokens > max_model_len:
+        raise BadRequest(f"'max_tokens' {params.max_tokens} exceeds the model's context of {max_model_len} tokens")
+    params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    return params
+
+
+def error_response(message: str, code=None) -> "pb_utils.InferenceResponse":
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+
+
+def _string_tensor(name: str, text: str) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+
+
+def logprobs_json(output) -> str:
+    """This response's tokens' logprobs: a list, one ``{token_id: {logprob, rank, decoded_token}}`` per token."""
+    entries = []
+    for position in output.logprobs or []:
+        entries.append(
+            {str(tok): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token} for tok, lp in position.items()}
+        )
+    return json.dumps(entries)
+
+
+class TritonPythonModel:
+    """Triton's entry points: auto_complete_config, initialize, execute, finalize."""
+
+    @staticmethod
+    def auto_complete_config(config):
+        inputs = [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}]
+        inputs += [{"name": name, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for name in BOOL_INPUTS]
+        inputs += [{"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True}]
+        outputs = [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}]
+        outputs += [{"name": name, "data_type": dtype, "dims": [-1]} for name, dtype in OPTIONAL_OUTPUTS.values()]
+        have_inputs = {i["name"] for i in config.as_dict().get("input", [])}
+        have_outputs = {o["name"] for o in config.as_dict().get("output", [])}
+        for spec in inputs:
+            if spec["name"] not in have_inputs:
+                config.add_input(spec)
+        for spec in outputs:
+            if spec["name"] not in have_outputs:
+                config.add_output(spec)
+        config.set_max_batch_size(0)
+        config.set_model_transaction_policy({"decoupled": True})
+        return config
+
+    # ---- start -----------------------------------------------------------------------------------
+    def initialize(self, args):
+        self.logger = pb_utils.Logger
+        self.model_config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        self.model_version = args["model_version"]
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self._check_parallelism_fits_instance(args)
+        engine_args = self._engine_args(version_dir / "model.json")
+        self.loras = self._lora_table(version_dir, engine_args)
+        self._lora_ids = {name: i + 1 for i, name in enumerate(sorted(self.loras))}
+
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._run_loop, name="vllm-loop", daemon=True)
+        self._loop_thread.start()
+        self._senders = concurrent.futures.ThreadPoolExecutor(
+            max_workers=int(self._parameter("response_sender_threads", "4")), thread_name_prefix="triton-send"
+        )
+        self._tasks: dict[str, tuple[asyncio.Task, object]] = {}
+        self._dead: BaseException | None = None
+        self._accepting = True
+
+        self._stat_loggers: list = []
+        stat_loggers = None
+        if self._parameter("REPORT_CUSTOM_METRICS", "yes").lower() in ("yes", "true", "1"):
+            stat_loggers = [self._make_stat_logger]
+        self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
+        self.max_model_len = self.engine.model_config.max_model_len
+        self._on_loop(self._start_watchers(), timeout=30)
+        self.logger.log_info(
+            f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
+            f"default max_tokens=16 (set 'max_tokens' per request)"
+        )
+
+    def _make_stat_logger(self, vllm_config, engine_index: int = 0):
+        labels = {"model": self.model_name, "version": str(self.model_version)}
+        self._stat_loggers.append(TritonStatLogger(labels, vllm_config, engine_index))
+        return self._stat_loggers[-1]
+
+    def _parameter(self, key: str, default: str) -> str:
+        value = self.model_config.get("parameters", {}).get(key, {}).get("string_value")
+        return default if value in (None, "") else value
+
+    def _check_parallelism_fits_instance(self, args) -> None:
+        kind = args.get("model_instance_kind", "")
+        if kind == "GPU":
+            engine = json.loads((Path(args["model_repository"]) / args["model_version"] / "model.json").read_text())
+            gpus = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
+            if gpus > 1:
+                raise pb_utils.TritonModelException(
+                    f"instance_group KIND_GPU gives each instance one GPU, but model.json asks for {gpus} "
+                    "(tensor_parallel_size x pipeline_parallel_size): use KIND_MODEL so vLLM places its workers itself"
+                )
+
+    def _engine_args(self, path: Path) -> AsyncEngineArgs:
+        if not path.exists():
+            raise pb_utils.TritonModelException(f"{path} is missing: it holds vLLM's AsyncEngineArgs as JSON")
+        try:
+            settings = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise pb_utils.TritonModelException(f"{path} is not valid JSON: {err}") from None
+        known = set(AsyncEngineArgs.__dataclass_fields__)
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise pb_utils.TritonModelException(f"{path}: unknown AsyncEngineArgs key(s) {unknown}")
+        return AsyncEngineArgs(**settings)
+
+    def _lora_table(self, version_dir: Path, engine_args: AsyncEngineArgs) -> dict[str, str]:
+        path = version_dir / "multi_lora.json"
+        if not engine_args.enable_lora:
+            return {}
+        if not path.exists():
+            raise pb_utils.TritonModelException(f"enable_lora is set but {path} (adapter name -> path) is missing")
+        table = json.loads(path.read_text())
+        return {name: str((version_dir / p).resolve()) if not os.path.isabs(p) else p for name, p in table.items()}
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def _on_loop(self, coro, timeout: float | None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start_engine(self, engine_args: AsyncEngineArgs, stat_loggers) -> AsyncLLM:
+        return AsyncLLM.from_engine_args(engine_args, stat_loggers=stat_loggers)
+
+    async def _start_watchers(self) -> None:
+        self._watchers = [asyncio.create_task(self._watch_cancellations()), asyncio.create_task(self._watch_engine())]
+
+    # ---- requests --------------------------------------------------------------------------------
+    def execute(self, requests):
+        """Validate on the stub's thread, generate on the loop's; never block on generation here."""
+        for request in requests:
+            sender = request.get_response_sender()
+            if self._dead is not None:
+                sender.send(error_response(self._dead_message(), pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+                continue
+            if not self._accepting:
+                sender.send(error_response("the model is shutting down", pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+                continue
+            try:
+                parsed = parse_request(request)
+                params = build_sampling_params(parsed.sampling, parsed.stream, self.max_model_len)
+                lora = self._lora_request(parsed.lora_name)
+            except BadRequest as err:
+                sender.send(error_response(str(err)), flags=FINAL)
+                continue
+            request_id = f"{request.request_id() or 'triton'}-{uuid.uuid4().hex[:12]}"
+            self.loop.call_soon_threadsafe(self._begin, request_id, parsed, params, lora, sender)
+        return None
+
+    def _lora_request(self, name: str | None):
+        if name is None:
+            return None
+        if name not in self.loras:
+            known = ", ".join(sorted(self.loras)) or "none (enable_lora is off)"
+            raise BadRequest(f"unknown lora_name '{name}'; known adapters: {known}")
+        return LoRARequest(lora_name=name, lora_int_id=self._lora_ids[name], lora_path=self.loras[name])
+
+    def _begin(self, request_id, parsed, params, lora, sender) -> None:
+        task = self.loop.create_task(self._generate(request_id, parsed, params, lora, sender))
+        self._tasks[request_id] = (task, sender)
+        task.add_done_callback(lambda _t: self._tasks.pop(request_id, None))
+
+    async def _send(self, sender, response, flags: int = 0) -> None:
+        await self.loop.run_in_executor(self._senders, sender.send, response, flags)
+
+    async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, sender) -> None:
+        prompt_prefix = "" if parsed.exclude_input else parsed.prompt
+        cumulative_text = ""
+        try:
+            if not await self._fits_context(parsed.prompt, params):
+                return await self._send(sender, self._too_long(parsed.prompt, params), FINAL)
+            async for output in self.engine.generate(parsed.prompt, params, request_id, lora_request=lora):
+                completion = output.outputs[0]
+                if parsed.stream:
+                    text, prompt_prefix = prompt_prefix + completion.text, ""
+                else:
+                    cumulative_text += completion.text
+                    text = prompt_prefix + cumulative_text
+                response = self._response(text, output, completion, parsed.wants)
+                await self._send(sender, response, FINAL if output.finished else 0)
+        except asyncio.CancelledError:
+            await self._send(sender, None, FINAL)  # the client went away: close the stream, the engine aborted
+        except EngineDeadError as err:
+            await self._send(sender, error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE), FINAL)
+        except ValueError as err:  # vLLM's own input checks (e.g. a prompt longer than the context)
+            await self._send(sender, error_response(str(err)), FINAL)
+        except Exception as err:  # noqa: BLE001 - any other failure still closes the stream with a reason
+            self.logger.log_error(f"[vllm] request {request_id} failed: {err!r}")
+            await self._send(sender, error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL), FINAL)
+
+    async def _fits_context(self, prompt: str, params: SamplingParams) -> bool:
+        """Prompt plus max_tokens must fit the context; tokenizing is skipped when bytes already bound it."""
+        budget = self.max_model_len - (params.max_tokens or 0)
+        if len(prompt.encode("utf-8")) + 8 <= budget:
+            return True
+        tokenizer = self.engine.get_tokenizer()
+        return len(tokenizer.encode(prompt)) <= budget
+
+    def _too_long(self, prompt: str, params: SamplingParams):
+        count = len(self.engine.get_tokenizer().encode(prompt))
+        return error_response(
+            f"prompt ({count} tokens) + 'max_tokens' ({params.max_tokens}) exceeds the model's context of "
+            f"{self.max_model_len} tokens"
+        )
+
+    def _response(self, text: str, output, completion, wants: dict[str, bool]):
+        tensors = [_string_tensor("text_output", text)]
+        if wants["return_finish_reason"]:
+            tensors.append(_string_tensor("finish_reason", str(completion.finish_reason or "")))
+        if wants["return_cumulative_logprob"]:
+            value = completion.cumulative_logprob if completion.cumulative_logprob is not None else float("nan")
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([value], dtype=np.float32)))
+        if wants["return_logprobs"]:
+            tensors.append(_string_tensor("logprobs", logprobs_json(completion)))
+        if wants["return_num_input_tokens"]:
+            count = len(output.prompt_token_ids or [])
+            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([count], dtype=np.uint32)))
+        if wants["return_num_output_tokens"]:
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(completion.token_ids)], dtype=np.uint32)))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    # ---- watchers --------------------------------------------------------------------------------
+    async def _watch_cancellations(self) -> None:
+        """Poll Triton's cancellation flag of in-flight requests (one cheap IPC each, off the loop)."""
+        while True:
+            await asyncio.sleep(CANCEL_POLL_S)
+            if not self._tasks:
+                continue
+            entries = list(self._tasks.values())
+            flags = await self.loop.run_in_executor(self._senders, lambda: [s.is_cancelled() for _, s in entries])
+            for (task, _), cancelled in zip(entries, flags):
+                if cancelled and not task.done():
+                    task.cancel()
+
+    async def _watch_engine(self) -> None:
+        """Notice a dead engine at once: fail what is in flight, refuse new work, take the model offline."""
+        while self._dead is None:
+            await asyncio.sleep(0.5)
+            if self.engine.errored:
+                self._dead = self.engine.dead_error
+                self.logger.log_error(f"[vllm] engine died: {self._dead!r}; unloading {self.model_name}")
+                threading.Thread(target=self._unload_self, daemon=True).start()
+
+    def _dead_message(self) -> str:
+        return (
+            f"vLLM engine of '{self.model_name}' died ({self._dead}); the model is being unloaded. "
+            f"Reload it: POST /v2/repository/models/{self.model_name}/load"
+        )
+
+    def _unload_self(self) -> None:
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as err:  # noqa: BLE001 - not in explicit model-control mode: requests still fail fast
+            self.logger.log_warn(f"[vllm] could not unload {self.model_name} after the engine died: {err}")
+
+    # ---- stop ------------------------------------------------------------------------------------
+    def finalize(self):
+        """Abort what is in flight (each stream gets its final flag), stop the engine, the loop, the pool."""
+        self._accepting = False
+        grace = float(self._parameter("shutdown_grace_seconds", "5"))
+        try:
+            self._on_loop(self._drain(grace), timeout=grace + 30)
+        except Exception as err:  # noqa: BLE001 - finalize must always get to shutting the engine down
+            self.logger.log_warn(f"[vllm] draining failed: {err!r}")
+        self.engine.shutdown()
+        for stat_logger in self._stat_loggers:
+            stat_logger.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=10)
+        self._senders.shutdown(wait=True, cancel_futures=False)
+
+    async def _drain(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        tasks = [task for task, _ in self._tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for watcher in self._watchers:
+            watcher.cancel()

