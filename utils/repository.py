@@ -44,6 +44,16 @@ class RepositoryError(ValueError):
     """A model repository, config.pbtxt or model.json that Triton or vLLM would reject."""
 
 
+def _backend_checks():
+    """The backend's own configuration rules (backend/vllm/checks.py), so both refuse the same things."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_backend_checks", paths.backend_source() / "checks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # ---- config.pbtxt ---------------------------------------------------------------------------------
 def make_config(
     name: str = DEFAULT_MODEL_NAME,
@@ -133,10 +143,14 @@ def validate_repository(repository: str | Path) -> dict[str, dict]:
         versions = sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
         if not versions:
             raise RepositoryError(f"{model_dir} has no version folder (e.g. 1/)")
-        report[model_dir.name] = {
-            "config": config_as_dict(config),
-            "versions": {v.name: read_engine_args(v / "model.json") for v in versions},
-        }
+        engine_versions = {v.name: read_engine_args(v / "model.json") for v in versions}
+        for group in config.instance_group:
+            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+            for settings in engine_versions.values():
+                problem = _backend_checks().instance_kind_problem(kind, settings)
+                if problem:
+                    raise RepositoryError(f"{model_dir.name}: {problem}")
+        report[model_dir.name] = {"config": config_as_dict(config), "versions": engine_versions}
     if not report:
         raise RepositoryError(f"{repository} holds no model folder")
     return report

@@ -41,6 +41,7 @@ import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
@@ -58,6 +59,7 @@ def _load_sibling(module_name: str, file_name: str):
 
 
 TritonStatLogger = _load_sibling("vllm_backend_metrics", "metrics.py").TritonStatLogger
+instance_kind_problem = _load_sibling("vllm_backend_checks", "checks.py").instance_kind_problem
 
 BOOL_INPUTS = (
     "stream",
@@ -106,10 +108,10 @@ def _tensor(request, name: str):
     return None if tensor is None else tensor.as_numpy()
 
 
-def _bool_input(request, name: str, default: bool) -> bool:
+def _bool_input(request, name: str) -> bool:
     value = _tensor(request, name)
     if value is None or value.size == 0:
-        return default
+        return False
     if value.dtype != np.bool_:
         raise BadRequest(f"'{name}' must be BOOL, got {value.dtype}")
     return bool(value.reshape(-1)[0])
@@ -154,7 +156,7 @@ def _sampling_input(request) -> dict:
 def parse_request(request) -> ParsedRequest:
     """Everything about one request that can be checked before the engine sees it."""
     prompt = _text_input(request)
-    flags = {name: _bool_input(request, name, default=(name == "exclude_input_in_output" and False)) for name in BOOL_INPUTS}
+    flags = {name: _bool_input(request, name) for name in BOOL_INPUTS}
     sampling = _sampling_input(request)
     allowed = allowed_sampling_keys()
     unknown = sorted(set(sampling) - set(allowed))
@@ -179,9 +181,7 @@ def build_sampling_params(sampling: dict, stream: bool, max_model_len: int) -> S
         raise BadRequest("'n' must be 1: send one request per completion")
     try:
         params = msgspec.convert(sampling, SamplingParams, strict=False)
-    except msgspec.ValidationError as err:
-        raise BadRequest(f"invalid sampling parameters: {err}") from None
-    except (ValueError, TypeError) as err:
+    except (msgspec.ValidationError, VLLMValidationError, ValueError, TypeError) as err:
         raise BadRequest(f"invalid sampling parameters: {err}") from None
     if params.max_tokens is not None and params.max_tokens > max_model_len:
         raise BadRequest(f"'max_tokens' {params.max_tokens} exceeds the model's context of {max_model_len} tokens")
@@ -237,8 +237,8 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         self.model_version = args["model_version"]
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self._check_parallelism_fits_instance(args)
         engine_args = self._engine_args(version_dir / "model.json")
+        self._check_parallelism_fits_instance(args, self._engine_settings)
         self.loras = self._lora_table(version_dir, engine_args)
         self._lora_ids = {name: i + 1 for i, name in enumerate(sorted(self.loras))}
 
@@ -273,16 +273,10 @@ class TritonPythonModel:
         value = self.model_config.get("parameters", {}).get(key, {}).get("string_value")
         return default if value in (None, "") else value
 
-    def _check_parallelism_fits_instance(self, args) -> None:
-        kind = args.get("model_instance_kind", "")
-        if kind == "GPU":
-            engine = json.loads((Path(args["model_repository"]) / args["model_version"] / "model.json").read_text())
-            gpus = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
-            if gpus > 1:
-                raise pb_utils.TritonModelException(
-                    f"instance_group KIND_GPU gives each instance one GPU, but model.json asks for {gpus} "
-                    "(tensor_parallel_size x pipeline_parallel_size): use KIND_MODEL so vLLM places its workers itself"
-                )
+    def _check_parallelism_fits_instance(self, args, engine_settings: dict) -> None:
+        problem = instance_kind_problem(args.get("model_instance_kind", ""), engine_settings)
+        if problem:
+            raise pb_utils.TritonModelException(problem)
 
     def _engine_args(self, path: Path) -> AsyncEngineArgs:
         if not path.exists():
@@ -295,6 +289,7 @@ class TritonPythonModel:
         unknown = sorted(set(settings) - known)
         if unknown:
             raise pb_utils.TritonModelException(f"{path}: unknown AsyncEngineArgs key(s) {unknown}")
+        self._engine_settings = settings
         return AsyncEngineArgs(**settings)
 
     def _lora_table(self, version_dir: Path, engine_args: AsyncEngineArgs) -> dict[str, str]:
@@ -337,6 +332,10 @@ class TritonPythonModel:
             except BadRequest as err:
                 sender.send(error_response(str(err)), flags=FINAL)
                 continue
+            except Exception as err:  # noqa: BLE001 - never let one request's surprise reach Triton as a traceback
+                self.logger.log_error(f"[vllm] rejecting a request: {err!r}")
+                sender.send(error_response(f"cannot process the request: {err}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+                continue
             request_id = f"{request.request_id() or 'triton'}-{uuid.uuid4().hex[:12]}"
             self.loop.call_soon_threadsafe(self._begin, request_id, parsed, params, lora, sender)
         return None
@@ -376,7 +375,7 @@ class TritonPythonModel:
             await self._send(sender, None, FINAL)  # the client went away: close the stream, the engine aborted
         except EngineDeadError as err:
             await self._send(sender, error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE), FINAL)
-        except ValueError as err:  # vLLM's own input checks (e.g. a prompt longer than the context)
+        except (ValueError, VLLMValidationError) as err:  # vLLM's own input checks
             await self._send(sender, error_response(str(err)), FINAL)
         except Exception as err:  # noqa: BLE001 - any other failure still closes the stream with a reason
             self.logger.log_error(f"[vllm] request {request_id} failed: {err!r}")
