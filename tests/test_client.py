@@ -1,0 +1,318 @@
+"""utils.client against the real server: HTTP generate and generate_stream, curl, the asyncio gRPC client
+(streaming and not, concurrency, cancellation, timeouts), the sample client's command line, and the
+errors a learner meets (no server, wrong port, unknown model, model still loading, refused request)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import requests
+
+from utils import client
+from utils.server import SHARED_SERVER_ENV, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "The capital of France is"
+GREEDY = {"max_tokens": 8, "temperature": 0}
+SAMPLE_PROMPTS = (ROOT / "prompts.txt").read_text().splitlines()
+
+
+# ---- HTTP ------------------------------------------------------------------------------------------------
+def test_generate_returns_prompt_then_completion_unless_excluded(triton):
+    full = client.generate(PROMPT, url=triton.http_url, return_num_output_tokens=True, **GREEDY)
+    completion = client.generate(PROMPT, url=triton.http_url, exclude_input_in_output=True, **GREEDY)
+    assert full["model_name"] == "vllm_model" and full["num_output_tokens"] == 8
+    assert "Paris" in full["text_output"]
+    assert full["text_output"] == PROMPT + completion["text_output"]
+
+
+def test_generate_stream_deltas_join_to_the_generate_text(triton):
+    whole = client.generate(PROMPT, url=triton.http_url, **GREEDY)["text_output"]
+    events = list(client.generate_stream(PROMPT, url=triton.http_url, return_finish_reason=True, **GREEDY))
+    assert len(events) > 1
+    assert "".join(event["text_output"] for event in events) == whole
+    assert [event["finish_reason"] for event in events] == [""] * (len(events) - 1) + ["length"]
+
+
+def test_sse_error_event_after_good_events_is_raised():
+    lines = ['data: {"text_output": "Paris"}', "", 'data: {"error": "vLLM engine died: out of memory"}', ""]
+    events = client.sse_events(lines)
+    assert next(events) == {"text_output": "Paris"}
+    with pytest.raises(client.GenerationError, match="engine died: out of memory"):
+        next(events)
+
+
+def test_generate_stream_raises_the_backend_error(triton):
+    with pytest.raises(client.GenerationError, match="max_tokenz"):
+        list(client.generate_stream(PROMPT, url=triton.http_url, max_tokenz=4))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_curl_command_runs_and_answers(triton, stream):
+    prompt = "France's capital is"  # an apostrophe: the line must survive the shell's quoting
+    command = client.curl_command(prompt, url=triton.http_url, stream=stream, **GREEDY)
+    assert command.startswith("curl ") and f"{triton.http_url}/v2/models/vllm_model/" in command
+    output = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=120, check=True).stdout
+    if stream:
+        text = "".join(event["text_output"] for event in client.sse_events(output.splitlines()))
+    else:
+        text = json.loads(output)["text_output"]
+    assert text == client.generate(prompt, url=triton.http_url, **GREEDY)["text_output"]
+
+
+# ---- errors, HTTP and gRPC ----------------------------------------------------------------------------------
+def test_no_server_says_how_to_start_one(monkeypatch):
+    monkeypatch.delenv(SHARED_SERVER_ENV, raising=False)
+    port = free_port()
+    with pytest.raises(client.ServerNotRunning, match=f"127.0.0.1:{port}") as http_error:
+        client.generate(PROMPT, url=f"127.0.0.1:{port}")
+    with pytest.raises(client.ServerNotRunning, match=f"127.0.0.1:{port}") as grpc_error:
+        client.run_many([PROMPT], url=f"127.0.0.1:{port}")
+    for error in (http_error, grpc_error):
+        assert "make serve" in str(error.value) and "ensure_server()" in str(error.value)
+        assert "8000 (HTTP), 8001 (gRPC)" in str(error.value)
+
+
+def test_wrong_port_names_the_server_that_answers(triton):
+    port = free_port()
+    with pytest.raises(client.ServerNotRunning, match=f"127.0.0.1:{port}.*answers HTTP on {triton.http_url}"):
+        client.generate(PROMPT, url=f"127.0.0.1:{port}")
+    with pytest.raises(client.ServerNotRunning, match=f"answers gRPC on {triton.grpc_url}"):
+        client.run_many([PROMPT], url=f"127.0.0.1:{port}")
+
+
+def test_http_client_on_the_grpc_port_and_back(triton):
+    with pytest.raises(client.WrongPort, match=f"looks like a gRPC port.*answers HTTP on {triton.http_url}"):
+        client.generate(PROMPT, url=triton.grpc_url)
+    with pytest.raises(client.WrongPort, match=f"looks like an HTTP port.*answers gRPC on {triton.grpc_url}"):
+        client.run_many([PROMPT], url=triton.http_url)
+
+
+def test_unknown_model_lists_the_served_ones(triton):
+    with pytest.raises(client.UnknownModel, match="no model named 'vlm_model'.*It serves: .*vllm_model") as http_error:
+        client.generate(PROMPT, url=triton.http_url, model="vlm_model")
+    with pytest.raises(client.UnknownModel, match="no model named 'vlm_model'") as grpc_error:
+        client.run_many([PROMPT], url=triton.grpc_url, model="vlm_model")
+    assert "vllm_model" in http_error.value.available and "vllm_model" in grpc_error.value.available
+
+
+def test_stream_one_records_errors_instead_of_raising(triton):
+    async def send_both():
+        async with client.grpcclient.InferenceServerClient(triton.grpc_url) as grpc_client:
+            unknown = await client.stream_one(grpc_client, PROMPT, model="vlm_model", sampling=GREEDY)
+            refused = await client.stream_one(grpc_client, PROMPT, sampling={"max_tokenz": 4})
+            return unknown, refused
+
+    unknown, refused = asyncio.run(send_both())
+    assert isinstance(unknown.error, client.UnknownModel) and unknown.finish_reason == "error"
+    assert isinstance(refused.error, client.GenerationError) and "max_tokenz" in str(refused.error)
+    assert not unknown.ok and not refused.ok and refused.chunks == []
+
+
+# a Python model that stays in `initialize` until the test lets it finish: a model honestly "loading"
+LOADING_MODEL = '''
+import json, os, time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        open(parameters["started"]["string_value"], "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(parameters["release"]["string_value"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def execute(self, requests):
+        raise NotImplementedError("this model exists to be loading")
+'''
+
+
+def test_model_still_loading_says_wait(triton, tmp_path):
+    name, started, release = "client_test_loading", tmp_path / "started", tmp_path / "release"
+    config = {
+        "name": name,
+        "backend": "python",
+        "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}],
+        "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [1]}],
+        "parameters": {"started": {"string_value": str(started)}, "release": {"string_value": str(release)}},
+    }
+    files = {"config": json.dumps(config), "file:1/model.py": base64.b64encode(LOADING_MODEL.encode()).decode()}
+    load_url = f"http://{triton.http_url}/v2/repository/models/{name}"
+    loaded: dict = {}
+    loader = threading.Thread(
+        target=lambda: loaded.update(reply=requests.post(f"{load_url}/load", json={"parameters": files}, timeout=180))
+    )
+    loader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the test model never started loading"
+        with pytest.raises(client.ModelNotReady, match=f"'{name}'.*still loading.*wait"):
+            client.generate(PROMPT, url=triton.http_url, model=name)
+        with pytest.raises(client.ModelNotReady, match=f"'{name}'.*still loading.*wait"):
+            client.run_many([PROMPT], url=triton.grpc_url, model=name)
+    finally:
+        release.touch()
+        loader.join(timeout=180)
+        requests.post(f"{load_url}/unload", json={}, timeout=60)
+    assert loaded["reply"].status_code == 200  # it was loading indeed, and then loaded
+
+
+# ---- gRPC ---------------------------------------------------------------------------------------------------
+def test_stream_many_records_every_response(triton):
+    results = client.run_many(SAMPLE_PROMPTS[:3], url=triton.grpc_url, sampling=GREEDY)
+    assert [r.request_id for r in results] == ["0", "1", "2"]
+    for prompt, result in zip(SAMPLE_PROMPTS, results):
+        assert result.ok and result.finish_reason == "length" and result.output_tokens == 8
+        assert result.text.startswith(prompt) and len(result.text) > len(prompt)
+        assert len(result.chunks) == len(result.arrival_times) == len(result.tokens_per_chunk) > 1
+        assert result.start < result.arrival_times[0]
+        assert result.arrival_times == sorted(result.arrival_times)
+        assert 0 < result.ttft < result.e2e
+    table = client.results_table(results)
+    assert list(table["output_tokens"]) == [8, 8, 8] and list(table["finish_reason"]) == ["length"] * 3
+    assert (table["ttft_s"] < table["e2e_s"]).all() and list(table["error"]) == [""] * 3
+
+
+def test_non_streaming_request_gets_one_response(triton):
+    results = client.run_many([PROMPT, PROMPT], url=triton.grpc_url, stream=False, exclude_input=True, sampling=GREEDY)
+    whole = client.generate(PROMPT, url=triton.http_url, **GREEDY)["text_output"]
+    for result in results:
+        assert result.ok and len(result.chunks) == 1 and result.tokens_per_chunk == [8]
+        assert PROMPT + result.text == whole
+        assert result.ttft == result.e2e
+
+
+def test_concurrency_limit_queues_requests_in_the_client(triton):
+    first, second = client.run_many([PROMPT, PROMPT], url=triton.grpc_url, concurrency=1, sampling=GREEDY)
+    assert first.ok and second.ok
+    assert second.start >= first.arrival_times[-1]
+
+
+def test_run_many_works_where_an_event_loop_already_runs(triton):
+    async def like_jupyter():
+        return client.run_many([PROMPT], url=triton.grpc_url, sampling=GREEDY)
+
+    (result,) = asyncio.run(like_jupyter())
+    assert result.ok and result.output_tokens == 8
+
+
+def _running_requests(triton) -> float:
+    with urllib.request.urlopen(triton.metrics_url, timeout=10) as reply:
+        lines = reply.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:num_requests_running{"))
+
+
+def _wait_for_running(triton, predicate, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate(_running_requests(triton)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_cancelling_one_request_aborts_it_on_the_server_and_spares_the_others(triton):
+    endless = {"max_tokens": 1000, "ignore_eos": True}  # about half a minute of work if nobody stops it
+
+    async def scenario():
+        async with client.grpcclient.InferenceServerClient(triton.grpc_url) as grpc_client:
+            long = client.StreamResult("Tell me a long story.")
+            long_task = asyncio.create_task(client.stream_one(grpc_client, long.prompt, sampling=endless, into=long))
+            short = await client.stream_one(grpc_client, PROMPT, sampling=GREEDY)
+            running = await asyncio.to_thread(_wait_for_running, triton, lambda n: n >= 1)
+            still_streaming = not long_task.done() and len(long.chunks) > 0
+            long_task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await long_task
+            return long, short, running, still_streaming
+
+    long, short, running, still_streaming = asyncio.run(scenario())
+    assert short.ok and short.output_tokens == 8
+    assert running and still_streaming
+    assert long.finish_reason == "cancelled" and 0 < long.output_tokens < 1000
+    assert _wait_for_running(triton, lambda n: n == 0), "the server kept generating for the cancelled request"
+
+
+def test_cancel_after_cancels_only_that_request(triton):
+    cancelled, finished = client.run_many(
+        [PROMPT, PROMPT], url=triton.grpc_url, sampling={"max_tokens": 16, "ignore_eos": True}, cancel_after={0: 0.2}
+    )
+    assert cancelled.finish_reason == "cancelled" and cancelled.output_tokens < 16 and not cancelled.ok
+    assert finished.ok and finished.output_tokens == 16
+
+
+def test_timeout_ends_the_request_on_both_sides(triton):
+    (result,) = client.run_many([PROMPT], url=triton.grpc_url, sampling={"max_tokens": 1000, "ignore_eos": True}, timeout=1.0)
+    assert result.finish_reason == "timeout" and isinstance(result.error, client.RequestTimeout)
+    assert "1 s" in str(result.error) and 0 < result.output_tokens < 1000
+    assert _wait_for_running(triton, lambda n: n == 0), "the server kept generating after the deadline"
+
+
+# ---- the sample client's command line --------------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "utils.client", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def _results(path: Path) -> list[str]:
+    entries = path.read_text().split(client.RESULT_SEPARATOR)
+    assert entries[-1] == ""  # every result is followed by a separator
+    return [entry.removesuffix("\n") for entry in entries[:-1]]
+
+
+def test_cli_iterations_and_offset(triton, tmp_path):
+    results_file = tmp_path / "results.txt"
+    run = _cli(
+        "--url", triton.grpc_url, "--iterations", "2", "--offset", "10", "--max-tokens", "8",
+        "--results-file", str(results_file), "--verbose",
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Loading inputs from `prompts.txt`..." in run.stdout
+    assert f"Storing results into `{results_file}`..." in run.stdout
+    assert run.stdout.rstrip().endswith("PASS: vLLM example")
+    replies = _results(results_file)
+    assert len(replies) == 2 * len(SAMPLE_PROMPTS)
+    for reply, prompt in zip(replies, SAMPLE_PROMPTS * 2):
+        assert reply.startswith(prompt) and len(reply) > len(prompt)
+    ids = {f'id: "{n}"' for n in range(10, 18)}
+    assert all(request_id in run.stdout for request_id in ids)  # --verbose prints every gRPC response
+    assert 'id: "9"' not in run.stdout and 'id: "18"' not in run.stdout
+
+
+def test_cli_streaming_without_inputs(triton, tmp_path):
+    results_file = tmp_path / "results.txt"
+    run = _cli(
+        "--url", triton.grpc_url, "--streaming-mode", "--exclude-inputs-in-outputs", "--max-tokens", "8",
+        "--stream-timeout", "120", "--results-file", str(results_file),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    replies = _results(results_file)
+    assert len(replies) == len(SAMPLE_PROMPTS)
+    for reply, prompt in zip(replies, SAMPLE_PROMPTS):
+        assert reply.strip() and not reply.startswith(prompt)
+
+
+def test_cli_fails_with_the_reason(triton, tmp_path):
+    unknown_lora = _cli("--url", triton.grpc_url, "--lora-name", "pirate", "--results-file", str(tmp_path / "r.txt"))
+    assert unknown_lora.returncode == 1
+    assert "FAIL:" in unknown_lora.stdout and "unknown lora_name 'pirate'" in unknown_lora.stdout
+    port = free_port()
+    no_server = _cli("--url", f"127.0.0.1:{port}", "--results-file", str(tmp_path / "r.txt"))
+    assert no_server.returncode == 1
+    assert f"FAIL: Nothing accepts connections on 127.0.0.1:{port}" in no_server.stdout
+
+
+def test_cli_help_mentions_vllm_default_max_tokens():
+    run = _cli("--help")
+    assert run.returncode == 0 and "vLLM's own default is 16" in " ".join(run.stdout.split())
