@@ -1,0 +1,340 @@
+"""utils.bench and utils.plots: the statistics on made-up timings, the load generator's bookkeeping, and
+tiny real sweeps of every target (Triton through the session server; vLLM's server and the direct engine
+started by the benchmark itself). Timings on this shared 2-core machine are noise: the sweeps assert
+counts and correctness, never speed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+from utils import bench, plots
+
+
+# ---- per-token inter-token latency ---------------------------------------------------------------------------
+def test_itl_one_token_per_chunk_is_the_gap_between_chunks():
+    assert bench.itl_samples([0.30, 0.35, 0.45], [1, 1, 1]) == pytest.approx([0.05, 0.10])
+
+
+def test_itl_chunk_of_k_tokens_gives_k_samples_of_dt_over_k():
+    assert bench.itl_samples([0.2, 0.5], [1, 3]) == pytest.approx([0.1, 0.1, 0.1])
+
+
+def test_itl_first_chunk_tokens_are_covered_by_ttft():
+    assert bench.itl_samples([0.2, 0.3], [2, 1]) == pytest.approx([0.1])
+    assert bench.itl_samples([0.2], [5]) == []
+
+
+def test_itl_chunks_without_tokens_are_skipped():
+    assert bench.itl_samples([0.1, 0.2, 0.4], [1, 0, 2]) == pytest.approx([0.15, 0.15])
+
+
+def test_itl_samples_add_up_to_the_decode_time_one_per_later_token():
+    rng = np.random.default_rng(3)
+    offsets = np.cumsum(rng.uniform(0.01, 0.2, size=40)).tolist()
+    tokens = rng.integers(1, 5, size=40).tolist()
+    samples = bench.itl_samples(offsets, tokens)
+    assert len(samples) == sum(tokens) - tokens[0]
+    assert sum(samples) == pytest.approx(offsets[-1] - offsets[0])
+
+
+# ---- percentiles and schedules ----------------------------------------------------------------------------------
+def test_percentile_ms_is_numpys_in_milliseconds():
+    values = [0.010, 0.020, 0.030, 0.100]
+    assert bench.percentile_ms(values, 50) == pytest.approx(np.percentile(values, 50) * 1000)
+    assert bench.percentile_ms(values, 99) == pytest.approx(97.9)
+    assert np.isnan(bench.percentile_ms([], 50))
+
+
+def test_poisson_arrivals_are_increasing_reproducible_and_exponentially_spaced():
+    arrivals = bench.poisson_arrivals(8.0, 20_000, seed=1)
+    gaps = np.diff(np.r_[0.0, arrivals])
+    assert len(arrivals) == 20_000 and (gaps > 0).all()
+    assert np.array_equal(arrivals, bench.poisson_arrivals(8.0, 20_000, seed=1))
+    assert not np.array_equal(arrivals, bench.poisson_arrivals(8.0, 20_000, seed=2))
+    assert gaps.mean() == pytest.approx(1 / 8, rel=0.03)  # mean gap 1/rate
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: std equals mean
+    with pytest.raises(ValueError, match="positive"):
+        bench.poisson_arrivals(0, 3)
+
+
+# ---- aggregation into rows ----------------------------------------------------------------------------------------
+def _stream(index, start, offsets, tokens, error="", worker=0):
+    stream = bench.Stream(index=index, worker=worker, start=start, offsets=list(offsets), tokens=list(tokens), error=error)
+    stream.end = start + (offsets[-1] if offsets else 0.5)
+    return stream
+
+
+def _level_records(repeat, streams, concurrency=2):
+    level = {"target": "t", "mode": "closed", "concurrency": concurrency, "request_rate": float("nan"), "repeat": repeat, "workers": 1}
+    return bench.records_frame(streams, level)
+
+
+def made_up_records() -> pd.DataFrame:
+    """Two repeats of one level: repeat 0 spans 2 s with 2 good requests; repeat 1 spans 1 s with 1 good and 1 failed."""
+    first = _level_records(0, [_stream(0, 100.0, [0.1, 0.2, 0.4], [1, 1, 2]), _stream(1, 100.5, [0.3, 1.5], [1, 3])])
+    second = _level_records(1, [_stream(2, 200.0, [0.2, 1.0], [2, 2]), _stream(3, 200.2, [], [], error="boom")])
+    return pd.concat([first, second], ignore_index=True)
+
+
+def test_records_frame_times_in_ms_from_the_levels_first_send():
+    records = made_up_records()
+    assert records["start_s"].tolist() == pytest.approx([0.0, 0.5, 0.0, 0.2])
+    assert records["ttft_ms"].iloc[0] == pytest.approx(100.0)
+    assert records["e2e_ms"].iloc[1] == pytest.approx(1500.0)
+    assert records["output_tokens"].tolist() == [4, 4, 4, 0]
+    assert records["chunk_offsets_ms"].iloc[1] == pytest.approx([300.0, 1500.0])
+
+
+def test_summary_row_rates_percentiles_and_spread():
+    row = bench.summarize(made_up_records()).iloc[0]
+    assert row["requests"] == 3 and row["errors"] == 1 and row["repeats"] == 2
+    # repeat 0: 2 requests in 2.0 s (100.0 -> 102.0); repeat 1: 1 in 1.0 s (200.0 -> 201.0)
+    assert row["duration_s"] == pytest.approx(3.0)
+    assert row["requests_per_s"] == pytest.approx(3 / 3.0)
+    assert row["output_tokens_per_s"] == pytest.approx(12 / 3.0)
+    assert row["requests_per_s_min"] == pytest.approx(1.0) and row["requests_per_s_max"] == pytest.approx(1.0)
+    assert row["requests_per_s_std"] == pytest.approx(0.0)
+    assert row["ttft_p50_ms"] == pytest.approx(200.0)  # 100, 200, 300 ms: the failed request is left out
+    assert row["e2e_p99_ms"] == pytest.approx(np.percentile([400, 1500, 1000], 99))
+    # per-token ITL: [100, 100, 100] from request 0, [400]*3 from request 1, [400, 400] from request 2
+    itl = [100, 100, 100, 400, 400, 400, 400, 400]
+    assert row["itl_p50_ms"] == pytest.approx(np.percentile(itl, 50))
+    assert row["itl_p99_ms"] == pytest.approx(np.percentile(itl, 99))
+
+
+def test_summary_starts_with_exactly_the_agreed_columns():
+    summary = bench.summarize(made_up_records())
+    assert list(summary.columns[: len(bench.SUMMARY_COLUMNS)]) == bench.SUMMARY_COLUMNS
+    assert bench.SUMMARY_COLUMNS == [
+        "target", "concurrency", "request_rate", "requests", "duration_s", "requests_per_s", "output_tokens_per_s",
+        "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+    ]  # fmt: skip
+
+
+def test_requests_csv_round_trip_gives_the_same_summary(tmp_path):
+    records = made_up_records()
+    path = bench.write_records(records, tmp_path / "requests.csv")
+    again = bench.read_records(path)
+    assert again["chunk_tokens"].tolist() == records["chunk_tokens"].tolist()
+    pd.testing.assert_frame_equal(bench.summarize(again), bench.summarize(records), check_dtype=False)
+
+
+# ---- splitting a level over workers --------------------------------------------------------------------------------
+ENDPOINT = bench.Endpoint("triton-grpc", "127.0.0.1:1")
+
+
+def test_closed_loop_shares_split_clients_evenly_and_requests_in_proportion():
+    requests = [(i, f"p{i}") for i in range(10)]
+    shares = bench.plan_shares(ENDPOINT, requests, 2, max_tokens=8, start_at=0.0, concurrency=5)
+    assert [s.concurrency for s in shares] == [3, 2]
+    assert [len(s.requests) for s in shares] == [6, 4]
+    assert sorted(r for s in shares for r in s.requests) == requests
+    assert len(bench.plan_shares(ENDPOINT, requests, 8, max_tokens=8, start_at=0.0, concurrency=3)) == 3
+
+
+def test_open_loop_shares_together_send_the_global_schedule():
+    requests = [(i, f"p{i}") for i in range(7)]
+    arrivals = bench.poisson_arrivals(4.0, 7, seed=0)
+    shares = bench.plan_shares(ENDPOINT, requests, 3, max_tokens=8, start_at=0.0, arrivals=arrivals)
+    sent = sorted((a, r) for s in shares for a, r in zip(s.arrivals, s.requests))
+    assert [a for a, _ in sent] == pytest.approx(arrivals.tolist())
+    assert [r for _, r in sent] == requests
+    with pytest.raises(ValueError, match="either"):
+        bench.plan_shares(ENDPOINT, requests, 1, max_tokens=8, start_at=0.0)
+
+
+def test_worker_counts():
+    assert bench.auto_workers(1, cpus=16) == 1
+    assert bench.auto_workers(256, cpus=16) == 8
+    assert bench.auto_workers(256, cpus=2) == 1
+    plan = bench.Plan(levels=(bench.Level(concurrency=2),), workers=4)
+    assert plan.workers_for(bench.Level(concurrency=2), "triton-grpc") == 2  # never more than the clients
+    assert plan.workers_for(bench.Level(concurrency=64), "direct") == 1  # the engine lives in the worker
+    assert plan.workers_for(bench.Level(request_rate=8.0), "vllm-openai") == 4
+
+
+# ---- the load generator on a stand-in for a server ------------------------------------------------------------------
+async def fake_send(prompt: str, stream: bench.Stream, *, in_flight: list[int], peak: list[int]) -> None:
+    """Stands in for a server: 3 chunks of 2 tokens, 10 ms apart, counting requests in flight."""
+    in_flight[0] += 1
+    peak[0] = max(peak[0], in_flight[0])
+    for _ in range(3):
+        await asyncio.sleep(0.01)
+        stream.arrived(2)
+    in_flight[0] -= 1
+
+
+def test_closed_loop_never_exceeds_its_clients_and_sends_every_request():
+    in_flight, peak, reported = [0], [0], []
+    send = lambda p, s: fake_send(p, s, in_flight=in_flight, peak=peak)  # noqa: E731
+    share = bench.Share(ENDPOINT, [(i, "x") for i in range(9)], max_tokens=6, start_at=time.monotonic(), concurrency=3)
+    streams = asyncio.run(bench.run_closed_loop(send, share, worker=0, report=lambda: reported.append(1)))
+    assert sorted(s.index for s in streams) == list(range(9))
+    assert peak[0] == 3 and len(reported) == 9
+    assert all(sum(s.tokens) == 6 and s.error == "" for s in streams)
+
+
+def test_open_loop_sends_no_request_before_its_time():
+    in_flight, peak = [0], [0]
+    send = lambda p, s: fake_send(p, s, in_flight=in_flight, peak=peak)  # noqa: E731
+    start = time.monotonic() + 0.05
+    share = bench.Share(ENDPOINT, [(i, "x") for i in range(4)], max_tokens=6, start_at=start, arrivals=[0.0, 0.01, 0.02, 0.2])
+    streams = asyncio.run(bench.run_open_loop(send, share, worker=0, report=lambda: None))
+    assert all(s.start >= s.scheduled for s in streams)
+    assert [s.scheduled - start for s in streams] == pytest.approx([0.0, 0.01, 0.02, 0.2])
+    assert peak[0] >= 2  # arrivals 10 ms apart overlap requests of 30 ms: not a closed loop
+
+
+def test_failures_and_timeouts_become_records_not_exceptions():
+    async def fails(prompt, stream):
+        raise bench.BenchmarkError("Triton: unknown sampling parameter")
+
+    async def hangs(prompt, stream):
+        await asyncio.sleep(10)
+
+    failed = asyncio.run(bench.timed_request(fails, 1, "x", timeout_s=5, worker=0))
+    late = asyncio.run(bench.timed_request(hangs, 2, "x", timeout_s=0.05, worker=0))
+    assert "unknown sampling parameter" in failed.error
+    assert late.error == "timed out after 0.05 s" and late.end - late.start < 1
+
+
+# ---- prompts and engine settings ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer():
+    return bench.load_tokenizer(bench.engine_settings(log=lambda _m: None)["model"])
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 100, 300])
+def test_prompts_have_exactly_the_asked_tokens_and_distinct_prefixes(tokenizer, tokens):
+    prompts = [bench.synthesize_prompt(tokenizer, i, tokens) for i in range(12)]
+    assert all(len(tokenizer.encode(p, add_special_tokens=False)) == tokens for p in prompts)
+    assert prompts == [bench.synthesize_prompt(tokenizer, i, tokens) for i in range(12)]
+    if tokens > 1:
+        assert len({tokenizer.encode(p, add_special_tokens=False)[0] for p in prompts[:10]}) == 10
+
+
+def test_engine_cli_flags_parse_back_into_the_same_engine_args():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    settings = {**bench.engine_settings(log=lambda _m: None), "enable_prefix_caching": False, "max_num_batched_tokens": 4096}
+    args = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(bench.engine_cli_flags(settings))
+    parsed = AsyncEngineArgs.from_cli_args(args)
+    assert {key: getattr(parsed, key) for key in settings} == settings
+    assert "--no-enable-prefix-caching" in bench.engine_cli_flags(settings)
+
+
+def test_cli_lists_and_defaults():
+    args = bench.parse_args(["--targets", "triton-grpc,direct", "--concurrency", "", "--request-rate", "2,8"])
+    assert args.targets == ["triton-grpc", "direct"] and args.concurrency == [] and args.request_rate == [2.0, 8.0]
+    assert bench.parse_args([]).concurrency == [1, 16, 64, 256]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--concurrency", "1,many"])
+    with pytest.raises(ValueError, match="unknown target"):
+        bench.group_targets(["triton-grpc", "tgi"])
+    assert bench.group_targets(["triton-grpc", "direct", "triton-http"]) == {
+        "triton": ["triton-grpc", "triton-http"],
+        "direct": ["direct"],
+    }
+
+
+# ---- plots ----------------------------------------------------------------------------------------------------------
+def made_up_summary() -> pd.DataFrame:
+    rows = []
+    for target, scale in (("triton-grpc", 1.0), ("direct", 1.3)):
+        for concurrency in (1, 16, 64):
+            rows.append(
+                {"target": target, "concurrency": concurrency, "request_rate": float("nan"), "requests_per_s": scale * concurrency,
+                 "output_tokens_per_s": 128 * scale * concurrency, "requests_per_s_std": 0.1, "output_tokens_per_s_std": 5.0,
+                 **{f"{m}_p{q}_ms": q * concurrency / scale for m in ("ttft", "itl", "e2e") for q in (50, 99)}}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_plots_draw_one_line_per_target_and_percentile(tmp_path):
+    summary = made_up_summary()
+    figure = plots.plot_latency(summary, "itl", path=tmp_path / "itl.png")
+    assert len(figure.axes[0].lines) == 4  # 2 targets x (p50, p99)
+    assert (tmp_path / "itl.png").stat().st_size > 1000
+    throughput = plots.plot_throughput(summary)
+    assert [a.get_title() for a in throughput.axes] == ["requests per second", "output tokens per second"]
+    with pytest.raises(ValueError, match="metric"):
+        plots.plot_latency(summary, "tpot")
+    with pytest.raises(ValueError, match="request_rate"):
+        plots.plot_throughput(summary, x="request_rate")
+
+
+def test_cdf_goes_from_zero_to_one_per_target(tmp_path):
+    records = made_up_records()
+    figure = plots.plot_latency_cdf(records, "e2e_ms", path=tmp_path / "cdf.png")
+    (line,) = figure.axes[0].lines
+    assert line.get_ydata()[0] == 0 and line.get_ydata()[-1] == 1
+    assert sorted(line.get_xdata()[1:]) == pytest.approx([400.0, 1000.0, 1500.0])  # the failed request is left out
+    assert (tmp_path / "cdf.png").exists()
+
+
+# ---- real sweeps ---------------------------------------------------------------------------------------------------------
+def check_outputs(out, summary, targets, levels, max_tokens, requests, repeats):
+    """What every sweep must have written: the agreed columns, every request complete, environment, plots."""
+    records = bench.read_records(out / "requests.csv")
+    failed = records.loc[records["error"] != "", ["target", "mode", "error"]]
+    assert failed.empty, failed.drop_duplicates().to_string()
+    assert len(records) == len(targets) * levels * requests * repeats
+    written = pd.read_csv(out / "summary.csv")
+    assert list(written.columns[: len(bench.SUMMARY_COLUMNS)]) == bench.SUMMARY_COLUMNS
+    assert len(written) == len(summary) == len(targets) * levels
+    assert list(dict.fromkeys(written["target"])) == targets
+    assert (written["requests"] == requests * repeats).all() and (written["errors"] == 0).all()
+    assert (records["output_tokens"] == max_tokens).all()  # ignore_eos: exactly max_tokens, every request
+    assert (records["chunk_tokens"].map(sum) == records["output_tokens"]).all()
+    # every target got the same prompts (same indices, warm-up excluded) in the same order
+    indices = {t: sorted(g["index"]) for t, g in records.groupby("target")}
+    assert all(v == indices[targets[0]] for v in indices.values()) and min(indices[targets[0]]) > 0
+    environment = json.loads((out / "environment.json").read_text())
+    assert environment["device"] == "CPU" and environment["versions"]["vllm"] and environment["cpu_count"]
+    assert environment["engine_args"]["max_num_seqs"] == 8
+    for name in ("throughput.png", "ttft.png", "itl.png", "cdf_e2e.png", "cdf_ttft.png"):
+        assert (out / name).stat().st_size > 1000, name
+    return records, environment
+
+
+def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path):
+    argv = [
+        "--targets", "triton-grpc,triton-http", "--concurrency", "1,2", "--request-rate", "4", "--max-tokens", "8",
+        "--requests", "4", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path),
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    records, environment = check_outputs(tmp_path, summary, ["triton-grpc", "triton-http"], 3, 8, 4, 2)
+    assert environment["benchmark"]["triton_reused"]  # the session's server, not a second one
+    assert summary["request_rate"].notna().sum() == 2 and summary["requests_per_s_std"].notna().all()
+    assert (tmp_path / "throughput_rate.png").exists()
+    assert (records.loc[records["mode"] == "open", "lag_ms"] >= 0).all()
+
+
+def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    summary = bench.run_benchmark(
+        ["vllm-openai", "direct"], [2], max_tokens=8, requests=4, warmup=1, out_dir=tmp_path, progress=False
+    )
+    check_outputs(tmp_path, summary, ["vllm-openai", "direct"], 1, 8, 4, 1)
+    assert summary.attrs["out_dir"] == str(tmp_path.resolve())
+    assert "--max-num-seqs 8" in (tmp_path / "vllm-openai" / "command.txt").read_text()
+    assert "Application startup complete" in (tmp_path / "vllm-openai" / "server.log").read_text()
+    assert (tmp_path / "direct" / "engine.log").stat().st_size > 0
+    leftovers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+    assert leftovers == []
+
+
+def test_vllm_server_that_cannot_start_is_explained(tmp_path):
+    server = bench.VllmServer({"model": str(tmp_path / "no-such-model")}, tmp_path)
+    with server, pytest.raises(bench.BenchmarkError, match="exited with code .* before it was ready"):
+        server.wait_ready(progress=False)
+    assert server.process is None

