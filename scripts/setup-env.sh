@@ -26,7 +26,7 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 
 COMMON=(
   "tritonclient[grpc,http]" gguf accelerate peft
-  jupyterlab ipywidgets pandas matplotlib tqdm psutil
+  jupyterlab ipywidgets "pandas<3" matplotlib tqdm psutil
   nbmake pytest pytest-timeout papermill
 )
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

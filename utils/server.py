@@ -15,11 +15,9 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -335,10 +333,12 @@ class TritonServer:
                 time.sleep(0.5)
 
     def stop(self, timeout: float = 60) -> int | None:
-        """SIGTERM the whole process group, SIGKILL after ``timeout``; remove our shared-memory regions."""
+        """Unload the models, SIGTERM the server, SIGKILL what is left after ``timeout``; clean /dev/shm."""
         if self.process is None:
             return None
-        stop_process_tree(self.process.pid, timeout)
+        if self.process.poll() is None and self.explicit_model_control:
+            unload_all(self.http_url, timeout / 2)
+        stop_process_tree(self.process.pid, timeout, tag=self.shm_prefix)
         code = self.process.wait()
         self._close_log()
         remove_shm_regions(self.shm_prefix)
@@ -356,6 +356,32 @@ class TritonServer:
         self.stop()
 
 
+def _post(url: str, timeout: float) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=timeout) as reply:
+        return reply.read()
+
+
+def unload_all(http_url: str, timeout: float) -> None:
+    """Unload every loaded model through the repository API and wait for it (bounded).
+
+    Stopping models this way, before SIGTERM, lets our backend stop its streams and engine in order:
+    during Triton's own shutdown the Python stub cannot ask the server anything without crashing.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        index = json.loads(_post(f"http://{http_url}/v2/repository/index", timeout))
+        for entry in index:
+            if entry.get("state") == "READY":
+                _post(f"http://{http_url}/v2/repository/models/{entry['name']}/unload", timeout)
+        while time.monotonic() < deadline:
+            states = {e.get("state") for e in json.loads(_post(f"http://{http_url}/v2/repository/index", timeout))}
+            if not states & {"READY", "UNLOADING", "LOADING"}:
+                return
+            time.sleep(0.25)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+        return  # the server is not answering: the signals below will do
+
+
 def http_ready(http_url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=timeout) as reply:
@@ -364,27 +390,40 @@ def http_ready(http_url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def stop_process_tree(pid: int, timeout: float) -> None:
+def processes_tagged(tag: str) -> list[psutil.Process]:
+    """Processes whose command line holds ``tag`` (a stub carries its shm prefix), with their children.
+
+    A stub whose server died is re-parented away from the server's tree; this still finds it.
+    """
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if tag in " ".join(proc.info["cmdline"] or []):
+            try:
+                found += [proc, *proc.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+    return found
+
+
+def stop_process_tree(pid: int, timeout: float, tag: str | None = None) -> None:
     """End a server and every descendant (the stub, vLLM's engine core, its workers).
 
-    Descendants are collected first because some of them (vLLM's engine) may run in their own session;
-    Triton gets SIGTERM to shut down gracefully, then anything still alive after ``timeout`` is killed.
+    Only tritonserver gets SIGTERM: it unloads its models, so our backend's finalize stops the engine in
+    order. Signalling the whole group instead would kill the engine under a stub that is still using it.
+    Whatever is still alive after ``timeout`` (or was left behind, found by ``tag``) is killed.
     """
+    family = processes_tagged(tag) if tag else []
     try:
         root = psutil.Process(pid)
-        family = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    _, alive = psutil.wait_procs([root], timeout=timeout)
-    try:
-        family += [p for p in root.children(recursive=True) if p not in family]
+        family += [root, *root.children(recursive=True)]
+        root.terminate()
+        psutil.wait_procs([root], timeout=timeout)
+        family += root.children(recursive=True)
     except psutil.NoSuchProcess:
         pass
-    _, alive = psutil.wait_procs(family, timeout=5)
+    if tag:
+        family += processes_tagged(tag)
+    _, alive = psutil.wait_procs(list(set(family)), timeout=5)
     for proc in alive:
         try:
             proc.kill()
@@ -508,7 +547,7 @@ def stop_background() -> str:
     if not state.exists():
         return "no background server recorded in runs/serve.json"
     info = json.loads(state.read_text())
-    stop_process_tree(info["pid"], timeout=60)
+    stop_process_tree(info["pid"], timeout=60, tag=info["shm_prefix"])
     remove_shm_regions(info["shm_prefix"])
     state.unlink()
     return f"stopped the server with pid {info['pid']}"

@@ -96,6 +96,11 @@ class TritonStatLogger(StatLoggerBase):
             self._histograms[key].observe(value)
 
     def close(self) -> None:
+        """Publish the last totals, then drop every Metric before its MetricFamily (Triton requires that
+        order, and doing it here, while the stub still talks to the server, avoids a crash at exit)."""
         self._stop.set()
         self._thread.join(timeout=5)
         self.flush()
+        for metrics in (self._counters, self._gauges, self._histograms):
+            metrics.clear()
+        self._families.clear()

@@ -82,6 +82,8 @@ INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_len
 REQUEST_ONLY_KEYS = {"lora_name"}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.25
+HEALTH_POLL_S = 0.5
+UNLOADING = "the model is being unloaded"
 
 
 class BadRequest(ValueError):
@@ -208,6 +210,40 @@ def logprobs_json(output) -> str:
     return json.dumps(entries)
 
 
+class ResponseChannel:
+    """One request's response sender with at most one send in flight.
+
+    ``send`` runs on the sender pool; while it is in flight the request's task is parked, and vLLM merges
+    new tokens into the next output. A send interrupted by a cancel is still awaited before the final
+    response goes out, so responses never overtake each other and nothing follows the final flag.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: concurrent.futures.Executor, sender) -> None:
+        self._loop, self._pool, self._sender = loop, pool, sender
+        self._pending: asyncio.Future | None = None
+        self._lock = threading.Lock()  # a send and a cancellation poll must not overlap
+        self._closed = False
+
+    def _send_now(self, response, flags: int) -> None:
+        with self._lock:
+            self._sender.send(response, flags)
+            self._closed = self._closed or bool(flags & FINAL)
+
+    def is_cancelled(self) -> bool:
+        """Triton's cancellation flag; never asked once the final response is out (its factory is freed)."""
+        with self._lock:
+            return not self._closed and self._sender.is_cancelled()
+
+    async def send(self, response, flags: int = 0) -> None:
+        self._pending = self._loop.run_in_executor(self._pool, self._send_now, response, flags)
+        await asyncio.shield(self._pending)
+
+    async def close(self, response=None) -> None:
+        if self._pending is not None and not self._pending.done():
+            await asyncio.wait([self._pending])
+        await self.send(response, FINAL)
+
+
 class TritonPythonModel:
     """Triton's entry points: auto_complete_config, initialize, execute, finalize."""
 
@@ -248,6 +284,8 @@ class TritonPythonModel:
         self._senders = concurrent.futures.ThreadPoolExecutor(
             max_workers=int(self._parameter("response_sender_threads", "4")), thread_name_prefix="triton-send"
         )
+        # health and cancellation polls are IPC calls too; their own thread lets finalize wait them out
+        self._pollers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-poll")
         self._tasks: dict[str, tuple[asyncio.Task, object]] = {}
         self._dead: BaseException | None = None
         self._accepting = True
@@ -312,7 +350,7 @@ class TritonPythonModel:
         return AsyncLLM.from_engine_args(engine_args, stat_loggers=stat_loggers)
 
     async def _start_watchers(self) -> None:
-        self._watchers = [asyncio.create_task(self._watch_cancellations()), asyncio.create_task(self._watch_engine())]
+        self._watchers = [asyncio.create_task(self._watch_cancellations()), asyncio.create_task(self._watch_health())]
 
     # ---- requests --------------------------------------------------------------------------------
     def execute(self, requests):
@@ -349,19 +387,17 @@ class TritonPythonModel:
         return LoRARequest(lora_name=name, lora_int_id=self._lora_ids[name], lora_path=self.loras[name])
 
     def _begin(self, request_id, parsed, params, lora, sender) -> None:
-        task = self.loop.create_task(self._generate(request_id, parsed, params, lora, sender))
-        self._tasks[request_id] = (task, sender)
+        channel = ResponseChannel(self.loop, self._senders, sender)
+        task = self.loop.create_task(self._generate(request_id, parsed, params, lora, channel))
+        self._tasks[request_id] = (task, channel)
         task.add_done_callback(lambda _t: self._tasks.pop(request_id, None))
 
-    async def _send(self, sender, response, flags: int = 0) -> None:
-        await self.loop.run_in_executor(self._senders, sender.send, response, flags)
-
-    async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, sender) -> None:
+    async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, channel) -> None:
         prompt_prefix = "" if parsed.exclude_input else parsed.prompt
         cumulative_text = ""
         try:
             if not await self._fits_context(parsed.prompt, params):
-                return await self._send(sender, self._too_long(parsed.prompt, params), FINAL)
+                return await channel.close(self._too_long(parsed.prompt, params))
             async for output in self.engine.generate(parsed.prompt, params, request_id, lora_request=lora):
                 completion = output.outputs[0]
                 if parsed.stream:
@@ -370,16 +406,19 @@ class TritonPythonModel:
                     cumulative_text += completion.text
                     text = prompt_prefix + cumulative_text
                 response = self._response(text, output, completion, parsed.wants)
-                await self._send(sender, response, FINAL if output.finished else 0)
-        except asyncio.CancelledError:
-            await self._send(sender, None, FINAL)  # the client went away: close the stream, the engine aborted
+                await channel.send(response, FINAL if output.finished else 0)
+        except asyncio.CancelledError as cancel:
+            if UNLOADING in cancel.args:  # tell the client why its stream stopped early
+                unloading = error_response(f"{UNLOADING}: request stopped", pb_utils.TritonError.UNAVAILABLE)
+                return await channel.close(unloading)
+            await channel.close()  # the client went away: close the stream (the engine has aborted it)
         except EngineDeadError as err:
-            await self._send(sender, error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE), FINAL)
+            await channel.close(error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE))
         except (ValueError, VLLMValidationError) as err:  # vLLM's own input checks
-            await self._send(sender, error_response(str(err)), FINAL)
+            await channel.close(error_response(str(err)))
         except Exception as err:  # noqa: BLE001 - any other failure still closes the stream with a reason
             self.logger.log_error(f"[vllm] request {request_id} failed: {err!r}")
-            await self._send(sender, error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL), FINAL)
+            await channel.close(error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL))
 
     async def _fits_context(self, prompt: str, params: SamplingParams) -> bool:
         """Prompt plus max_tokens must fit the context; tokenizing is skipped when bytes already bound it."""
@@ -420,19 +459,34 @@ class TritonPythonModel:
             if not self._tasks:
                 continue
             entries = list(self._tasks.values())
-            flags = await self.loop.run_in_executor(self._senders, lambda: [s.is_cancelled() for _, s in entries])
+            flags = await self.loop.run_in_executor(self._pollers, lambda: [ch.is_cancelled() for _, ch in entries])
             for (task, _), cancelled in zip(entries, flags):
                 if cancelled and not task.done():
                     task.cancel()
 
-    async def _watch_engine(self) -> None:
-        """Notice a dead engine at once: fail what is in flight, refuse new work, take the model offline."""
+    async def _watch_health(self) -> None:
+        """Notice a dead engine or a pending unload at once (Triton gives a Python model no other signal).
+
+        A dead engine: fail what is in flight, refuse new work, take the model offline. An unload (or a
+        server shutdown): Triton waits for in-flight requests before it calls finalize, so long streams
+        would hold it for minutes; once Triton reports this model not ready, they are stopped instead.
+        """
+        seen_ready = False
         while self._dead is None:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(HEALTH_POLL_S)
             if self.engine.errored:
                 self._dead = self.engine.dead_error
                 self.logger.log_error(f"[vllm] engine died: {self._dead!r}; unloading {self.model_name}")
                 threading.Thread(target=self._unload_self, daemon=True).start()
+                return
+            ready = await self.loop.run_in_executor(self._pollers, pb_utils.is_model_ready, self.model_name)
+            seen_ready = seen_ready or ready
+            if seen_ready and not ready and self._accepting:
+                self.logger.log_info(f"[vllm] {self.model_name} is being unloaded: stopping {len(self._tasks)} request(s)")
+                self._accepting = False
+                for task, _ in list(self._tasks.values()):
+                    task.cancel(UNLOADING)
+                return  # no more readiness requests: the server is busy unloading us
 
     def _dead_message(self) -> str:
         return (
@@ -450,6 +504,8 @@ class TritonPythonModel:
     def finalize(self):
         """Abort what is in flight (each stream gets its final flag), stop the engine, the loop, the pool."""
         self._accepting = False
+        self._on_loop(self._stop_watchers(), timeout=10)
+        self._pollers.shutdown(wait=True)  # no IPC poll may run while the stub tears down
         grace = float(self._parameter("shutdown_grace_seconds", "5"))
         try:
             self._on_loop(self._drain(grace), timeout=grace + 30)
@@ -470,5 +526,8 @@ class TritonPythonModel:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stop_watchers(self) -> None:
         for watcher in self._watchers:
             watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)

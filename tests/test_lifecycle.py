@@ -1,0 +1,142 @@
+"""Unload/reload, a dead engine, and shutdown, each with requests in flight, on a server of its own."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.backend_helpers import generate, stream
+from utils import paths
+from utils.repository import prepare_run_repository
+from utils.server import TritonServer
+
+LONG = {"temperature": 0, "ignore_eos": True, "max_tokens": 1500}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> TritonServer:
+    run_dir = paths.runs_dir() / f"pytest-scratch-{time.strftime('%Y%m%d-%H%M%S')}"
+    repository = prepare_run_repository(run_dir / "model_repository", log=lambda _: None)
+    server = TritonServer(repository, run_dir=run_dir, free_ports=True)
+    server.start().wait_ready(timeout=900, progress=False)
+    yield server
+    server.stop()
+
+
+def post(url: str, body: dict | None = None, timeout: float = 300) -> int:
+    request = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def model_state(server: TritonServer) -> str:
+    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        entries = json.loads(reply.read())
+    return next((e.get("state", "") for e in entries if e["name"] == "vllm_model"), "")
+
+
+def model_ready(server: TritonServer) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/vllm_model/ready", timeout=10) as reply:
+            return reply.status == 200
+    except urllib.error.URLError:
+        return False
+
+
+def start_long_streams(server: TritonServer, count: int) -> tuple[list, list[threading.Thread]]:
+    results: list = []
+    threads = [
+        threading.Thread(target=lambda: results.append(stream(server.grpc_url, "Once upon a time", sampling=LONG, timeout=600)))
+        for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def wait_for_engine_tokens(server: TritonServer, timeout: float = 60) -> None:
+    """Until the engine reports running requests (the streams are really in flight)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
+            if any(line.startswith("vllm:num_requests_running{") and not line.endswith(" 0") for line in reply.read().decode().splitlines()):
+                return
+        time.sleep(0.5)
+    raise AssertionError("the streams never reached the engine")
+
+
+def reload(server: TritonServer) -> None:
+    assert post(f"http://{server.http_url}/v2/repository/models/vllm_model/load", timeout=900) == 200
+    assert model_ready(server)
+
+
+def engine_processes(server: TritonServer) -> list[psutil.Process]:
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    return [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+
+
+def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
+    results, threads = start_long_streams(scratch, 3)
+    wait_for_engine_tokens(scratch)
+    started = time.monotonic()
+    assert post(f"http://{scratch.http_url}/v2/repository/models/vllm_model/unload") == 200
+    while model_state(scratch) not in ("UNAVAILABLE", "") and time.monotonic() - started < 60:
+        time.sleep(0.5)
+    unloaded_after = time.monotonic() - started
+    for thread in threads:
+        thread.join(timeout=60)
+    assert unloaded_after < 30, f"unload took {unloaded_after:.0f} s"
+    assert model_state(scratch) == "UNAVAILABLE"
+    assert len(results) == 3 and all(sum(r.tokens) < 1500 for r in results)  # cut short, each stream closed
+    reload(scratch)
+    status, body = generate(scratch.http_url, {"text_input": "The capital of France is", "temperature": 0, "max_tokens": 8})
+    assert status == 200 and "Paris" in body["text_output"]
+
+
+def test_dead_engine_fails_fast_and_the_model_reports_not_ready(scratch):
+    results, threads = start_long_streams(scratch, 2)
+    wait_for_engine_tokens(scratch)
+    engines = engine_processes(scratch)
+    assert engines, "no EngineCore process found under the server"
+    killed_at = time.monotonic()
+    for proc in engines:
+        proc.kill()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert time.monotonic() - killed_at < 15
+    assert len(results) == 2
+    assert all(r.error is not None and "engine died" in r.error for r in results), [r.error for r in results]
+
+    started = time.monotonic()
+    status, body = generate(scratch.http_url, {"text_input": "Hi", "max_tokens": 4}, timeout=30)
+    assert time.monotonic() - started < 5 and status >= 400 and body["error"]
+    deadline = time.monotonic() + 60
+    while model_ready(scratch) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not model_ready(scratch)
+    reload(scratch)
+
+
+def test_shutdown_with_streams_in_flight_leaves_nothing_behind(scratch):
+    results, threads = start_long_streams(scratch, 3)
+    wait_for_engine_tokens(scratch)
+    family = [psutil.Process(scratch.process.pid), *psutil.Process(scratch.process.pid).children(recursive=True)]
+    started = time.monotonic()
+    scratch.stop(timeout=60)
+    stopped_after = time.monotonic() - started
+    for thread in threads:
+        thread.join(timeout=30)
+    assert stopped_after < 45, f"shutdown took {stopped_after:.0f} s"
+    assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert list(Path("/dev/shm").glob(f"{scratch.shm_prefix}*")) == []
+    assert all(not t.is_alive() for t in threads)
