@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -118,6 +119,14 @@ async def burst(grpc_url: str, prompts: list[str], sampling: dict) -> list[Strea
         return await asyncio.gather(*(aio_stream(client, p, sampling, **flags) for p in prompts))
     finally:
         await client.close()
+
+
+def context_length(server) -> int:
+    """The engine's max_model_len: model.json's, else the model's own (what vLLM does)."""
+    settings = json.loads((server.model_repository / MODEL / "1" / "model.json").read_text())
+    if settings.get("max_model_len"):
+        return int(settings["max_model_len"])
+    return int(json.loads((Path(settings["model"]) / "config.json").read_text())["max_position_embeddings"])
 
 
 def metrics(metrics_url: str) -> dict[str, float]:

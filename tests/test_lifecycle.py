@@ -11,12 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.backend_helpers import generate, stream
+from tests.backend_helpers import context_length, generate, stream
 from utils import paths
 from utils.repository import prepare_run_repository
 from utils.server import TritonServer
 
-LONG = {"temperature": 0, "ignore_eos": True, "max_tokens": 1500}
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +52,16 @@ def model_ready(server: TritonServer) -> bool:
         return False
 
 
+def long_sampling(server: TritonServer) -> dict:
+    """Streams that run far longer than any test step: nearly the whole context, EOS ignored."""
+    return {"temperature": 0, "ignore_eos": True, "max_tokens": context_length(server) - 64}
+
+
 def start_long_streams(server: TritonServer, count: int) -> tuple[list, list[threading.Thread]]:
     results: list = []
+    sampling = long_sampling(server)
     threads = [
-        threading.Thread(target=lambda: results.append(stream(server.grpc_url, "Once upon a time", sampling=LONG, timeout=600)))
+        threading.Thread(target=lambda: results.append(stream(server.grpc_url, "Once upon a time", sampling=sampling, timeout=600)))
         for _ in range(count)
     ]
     for thread in threads:
@@ -97,7 +102,9 @@ def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
         thread.join(timeout=60)
     assert unloaded_after < 30, f"unload took {unloaded_after:.0f} s"
     assert model_state(scratch) == "UNAVAILABLE"
-    assert len(results) == 3 and all(sum(r.tokens) < 1500 for r in results)  # cut short, each stream closed
+    limit = long_sampling(scratch)["max_tokens"]
+    assert len(results) == 3 and all(sum(r.tokens) < limit for r in results)  # cut short, each stream closed
+    assert all(r.error is not None and "being unloaded" in r.error for r in results)
     reload(scratch)
     status, body = generate(scratch.http_url, {"text_input": "The capital of France is", "temperature": 0, "max_tokens": 8})
     assert status == 200 and "Paris" in body["text_output"]

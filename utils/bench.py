@@ -1128,17 +1128,25 @@ def run_benchmark(
         "prompt_tokens": prompt_tokens, "requests": requests, "duration_s": duration_s, "repeats": repeats,
         "warmup": warmup, "workers": workers, "seed": seed, "triton_reused": triton is not None,
     }  # fmt: skip
-    (out / "environment.json").write_text(json.dumps(environment_info(settings, options), indent=2, default=str) + "\n")
+    environment = environment_info(settings, options)
+    (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
     book = PromptBook(load_tokenizer(settings["model"]), prompt_tokens)
     frames = []
+    startup_s: dict[str, float] = {}
     total = sum(len(g) for g in groups.values()) * len(levels) * repeats
     with tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
         for kind, group in groups.items():
+            started = time.monotonic()
             with serving(kind, settings, out / kind, triton, progress) as addresses:
+                startup_s[kind] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
                 for target in group:
                     with load_workers(target, plan, settings, out / kind) as pool:
+                        if target == "direct":  # its engine starts inside the worker
+                            startup_s[kind] = round(time.monotonic() - started, 1)
                         endpoint = Endpoint(target, addresses[target])
                         frames.append(sweep_target(pool, endpoint, plan, PromptCounter(book), levels_bar))
+    environment["startup_s"] = startup_s
+    (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
     records = pd.concat(frames, ignore_index=True)
     summary = summarize(records)
     summary.to_csv(out / "summary.csv", index=False)
@@ -1181,6 +1189,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=4, help="warm-up requests per target, not recorded")
     parser.add_argument("--workers", type=int, default=None, help="load-generator processes (default: from concurrency and CPUs)")
     parser.add_argument("--model", default=None, help="model folder or hub id (default: model_repository's model.json)")
+    parser.add_argument("--engine-overrides", type=json.loads, default=None,
+                        help='AsyncEngineArgs on top of model.json for every target, as JSON, e.g. \'{"max_num_seqs": 256}\'')
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="write the CSVs and environment.json only")
@@ -1192,7 +1202,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_benchmark(
         args.targets, args.concurrency, args.request_rate, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
         requests=args.requests, duration_s=args.duration, repeats=args.repeats, warmup=args.warmup, workers=args.workers,
-        model=args.model, out_dir=args.out, seed=args.seed, plots=not args.no_plots,
+        model=args.model, engine_overrides=args.engine_overrides, out_dir=args.out, seed=args.seed,
+        plots=not args.no_plots,
     )  # fmt: skip
     with pd.option_context("display.width", 200, "display.max_columns", len(SUMMARY_COLUMNS)):
         print(summary[SUMMARY_COLUMNS].round(2).to_string(index=False))
