@@ -69,3 +69,36 @@ def test_run_repository_resolves_the_offline_default_and_keeps_explicit_settings
     assert settings["model"] == str(default_model_dir())
     assert settings["max_num_seqs"] == 4 and settings["dtype"] == "float32"
     assert any("offline default" in m for m in messages)
+
+
+def test_kind_gpu_with_several_gpus_per_engine_is_refused_with_an_explanation(tmp_path):
+    repo.write_model(tmp_path, repo.make_config("m", instance_kind="KIND_GPU"), {"model": "x", "tensor_parallel_size": 2})
+    with pytest.raises(repo.RepositoryError, match="KIND_GPU gives each instance one GPU.*asks for 2.*KIND_MODEL"):
+        repo.validate_repository(tmp_path)
+
+
+def test_pipeline_parallelism_counts_too(tmp_path):
+    settings = {"model": "x", "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+    repo.write_model(tmp_path, repo.make_config("m", instance_kind="KIND_GPU"), settings)
+    with pytest.raises(repo.RepositoryError, match="asks for 4"):
+        repo.validate_repository(tmp_path)
+
+
+def test_parallelism_passes_through_to_the_engine_with_kind_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = tmp_path / "source"
+    repo.write_model(source, repo.make_config("vllm_model"), {"model": "default", "tensor_parallel_size": 2})
+    assert repo.validate_repository(source)["vllm_model"]["versions"]["1"]["tensor_parallel_size"] == 2
+    run = repo.prepare_run_repository(tmp_path / "run", source=source, gpu=True, log=lambda _: None)
+    settings = json.loads((run / "vllm_model" / "1" / "model.json").read_text())
+    assert settings["tensor_parallel_size"] == 2 and settings["dtype"] == "bfloat16"
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    assert AsyncEngineArgs(**settings).tensor_parallel_size == 2
+
+
+def test_instance_groups_of_one_gpu_each_are_accepted(tmp_path):
+    config = repo.make_config("m", instance_kind="KIND_GPU", instance_count=2, gpus=[0, 1])
+    repo.write_model(tmp_path, config, {"model": "x"})
+    groups = repo.validate_repository(tmp_path)["m"]["config"]["instance_group"]
+    assert groups == [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
