@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import json
-import time
 import urllib.request
 
 import matplotlib
@@ -140,18 +139,15 @@ def test_plot_histogram_draws_one_bar_per_bucket_around_the_used_ones():
 
 def test_counters_table_reports_what_a_request_did(triton):
     names = ["vllm:request_success_total", "vllm:generation_tokens_total", "nv_inference_request_success"]
-    before = nb.scrape_metrics(triton.metrics_url)
+    before = nb.quiet_metrics(triton.metrics_url, model="vllm_model")
     _generate(triton.http_url, "The capital of France is", max_tokens=8)
-    deadline = time.monotonic() + 10  # the backend publishes vLLM's statistics once a second
-    while True:
-        after = nb.scrape_metrics(triton.metrics_url)
-        table = nb.counters_table(before, after, names, model="vllm_model")
-        if table.loc["vllm:request_success_total", "increase"] >= 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert table.loc["vllm:request_success_total", "increase"] == 1
-    assert table.loc["nv_inference_request_success", "increase"] == 1
-    assert 1 <= table.loc["vllm:generation_tokens_total", "increase"] <= 8
+    after = nb.quiet_metrics(triton.metrics_url, model="vllm_model")
+    table = nb.counters_table(before, after, names, model="vllm_model")
+    assert table["increase"].to_dict() == {
+        "vllm:request_success_total": 1,
+        "vllm:generation_tokens_total": 8,  # greedy, and the reply is longer than 8 tokens: it stops at max_tokens
+        "nv_inference_request_success": 1,
+    }
     latency = nb.histogram_buckets(after, "vllm:e2e_request_latency_seconds", baseline=before, model="vllm_model")
     assert latency.attrs["count"] == 1 and latency["count"].sum() == 1 and latency.attrs["sum"] > 0
 
@@ -182,3 +178,18 @@ def test_watch_metrics_samples_gauges_while_traffic_flows(triton):
     assert series.index[-1] - series.index[-2] < 1.5 <= series.index[-1]  # kept sampling after the request finished
     assert series["vllm:num_requests_running"].isin([0, 1]).all()
     assert series["vllm:num_requests_running"].iloc[-1] == 0  # drained, and published within the linger
+
+
+# ---- requests over time ----------------------------------------------------------------------------------------
+def test_plot_request_timeline_draws_waiting_and_streaming_per_request():
+    from utils.client import StreamResult
+
+    done = StreamResult("a", "0", chunks=["x", "y"], arrival_times=[10.5, 11.0], tokens_per_chunk=[1, 1], start=10.0, finish_reason="length")
+    cancelled = StreamResult("b", "1", chunks=["x"], arrival_times=[10.75], tokens_per_chunk=[1], start=10.25, finish_reason="cancelled")
+    ax = nb.plot_request_timeline([done, cancelled])
+    bars = [(round(p.get_x(), 2), round(p.get_width(), 2)) for p in ax.patches]
+    assert bars == [(0.0, 0.5), (0.5, 0.5), (0.25, 0.5), (0.75, 0.0)]
+    assert [line.get_color() for line in ax.lines] == ["tab:blue", "tab:red"]
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["0", "1"]
+    with pytest.raises(ValueError, match="no request"):
+        nb.plot_request_timeline([StreamResult("never sent")])

@@ -175,6 +175,27 @@ def scrape_metrics(metrics_url: str, timeout: float = 10) -> pd.DataFrame:
         return parse_metrics(reply.read().decode("utf-8"))
 
 
+def quiet_metrics(metrics_url: str, timeout: float = 30, every: float = 1.1, **labels: str) -> pd.DataFrame:
+    """A scrape taken once the engine is idle and its statistics are all published.
+
+    Idle: nothing running or waiting, and ``vllm:generation_tokens_total`` unchanged between two scrapes
+    more than a second apart (our backend publishes vLLM's statistics once a second). Counters compared
+    between two quiet scrapes then count exactly the traffic sent in between, not the tail of earlier traffic.
+    """
+    deadline = time.monotonic() + timeout
+    previous = None
+    while True:
+        samples = scrape_metrics(metrics_url)
+        busy = sum(metric_value(samples, name, **labels) for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+        tokens = metric_value(samples, "vllm:generation_tokens_total", **labels)
+        if busy == 0 and tokens == previous:
+            return samples
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the engine is still busy after {timeout:.0f} s ({busy:.0f} requests running or waiting)")
+        previous = tokens
+        time.sleep(every)
+
+
 def _select(samples: pd.DataFrame, name: str, labels: dict[str, str]) -> pd.DataFrame:
     named = samples[(samples["sample"] == name) | ((samples["family"] == name) & (samples["type"] != "histogram"))]
     for key, value in labels.items():
@@ -273,6 +294,39 @@ def plot_histogram(buckets: pd.DataFrame, ax=None, title: str | None = None, uni
     count, total = buckets.attrs.get("count", 0), buckets.attrs.get("sum", 0.0)
     mean = f", mean {total / count:.3f} {unit}" if count else ""
     ax.set_title(title or f"{buckets.attrs.get('family', '')} ({count} observations{mean})")
+    return ax
+
+
+# ---- requests over time -----------------------------------------------------------------------------------
+def plot_request_timeline(results, ax=None, title: str | None = None):
+    """One row per request: waiting for the first response (grey), then streaming (a bar, a dot per response).
+
+    ``results`` are `utils.client.StreamResult` objects (``start`` and ``arrival_times`` in
+    ``time.perf_counter`` seconds); time 0 is the earliest start. Requests that did not finish normally
+    (cancelled, timed out, failed) are drawn in red, so concurrency, queueing and cancellation show at a glance.
+    """
+    import matplotlib.pyplot as plt
+
+    results = [r for r in results if r.start is not None]
+    if not results:
+        raise ValueError("no request was sent")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.35 * len(results) + 1.2))
+    origin = min(r.start for r in results)
+    for row, result in enumerate(results):
+        start = result.start - origin
+        arrivals = [t - origin for t in result.arrival_times]
+        color = "tab:blue" if result.ok else "tab:red"
+        first = arrivals[0] if arrivals else start
+        ax.barh(row, first - start, left=start, color="lightgrey", height=0.6)
+        if arrivals:
+            ax.barh(row, arrivals[-1] - first, left=first, color=color, alpha=0.35, height=0.6)
+            ax.plot(arrivals, [row] * len(arrivals), "|", color=color, markersize=7)
+    ax.set_yticks(range(len(results)), [r.request_id or str(i) for i, r in enumerate(results)])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first request was sent")
+    ax.set_ylabel("request")
+    ax.set_title(title or "grey: waiting for the first response; bar: streaming (| = one response)")
     return ax
 
 
