@@ -5,10 +5,12 @@ Shape: a markdown title cell with "What you will learn" and "What you need"; one
 relative links that lead to files that exist. Clean: no outputs and no execution counts in git.
 """
 
+import ast
 import re
 from pathlib import Path
 
 import nbformat
+import papermill
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -50,6 +52,15 @@ def test_one_parameters_cell_holding_results_dir(path):
     # imports (and GPU) come before it, so its device-dependent defaults can use them
     before = "".join(c.source for c in notebook.cells[: notebook.cells.index(cell)] if c.cell_type == "code")
     assert "GPU = " in before and "from utils import" in before
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_papermill_sees_every_parameter(path):
+    """One plain assignment per line: papermill cannot override a tuple unpacking or a line it cannot parse."""
+    (cell,) = _tagged(_read(path), "parameters")
+    assignments = [node for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)]
+    assert all(len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) for a in assignments)
+    assert list(papermill.inspect_notebook(str(path))) == [a.targets[0].id for a in assignments]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
