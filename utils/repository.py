@@ -38,10 +38,11 @@ GPU_ENGINE_DEFAULTS: dict[str, Any] = {
     "dtype": "bfloat16",
     # explicit, and small: the model needs little, and a second server or vLLM's own can share the GPU
     "gpu_memory_utilization": 0.15,
-    # full CUDA graphs without torch.compile: ready in seconds instead of minutes (the compile step buys
-    # little for a small model whose decode step is launch-bound); `{"compilation_config": {}}` in
-    # model.json brings back vLLM's default (compile + piecewise and full graphs)
-    "compilation_config": {"mode": 0, "cudagraph_mode": "FULL"},
+    # -O0 (no torch.compile, no FlashInfer autotuning, no fusion passes) but full CUDA graphs kept: the
+    # compile step buys little for a small model whose decode step is launch-bound, and costs minutes at
+    # start. `"optimization_level": 2, "compilation_config": {}` in model.json brings vLLM's default back.
+    "optimization_level": 0,
+    "compilation_config": {"cudagraph_mode": "FULL"},
 }
 
 

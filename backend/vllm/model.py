@@ -83,6 +83,7 @@ REQUEST_ONLY_KEYS = {"lora_name"}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.25
 HEALTH_POLL_S = 0.5
+READY_WAIT_S = 2.0
 UNLOADING = "the model is being unloaded"
 
 
@@ -479,14 +480,26 @@ class TritonPythonModel:
                 self.logger.log_error(f"[vllm] engine died: {self._dead!r}; unloading {self.model_name}")
                 threading.Thread(target=self._unload_self, daemon=True).start()
                 return
-            ready = await self.loop.run_in_executor(self._pollers, pb_utils.is_model_ready, self.model_name)
-            seen_ready = seen_ready or ready
+            ready = await self.loop.run_in_executor(self._pollers, self._ask_ready)
+            seen_ready = seen_ready or bool(ready)
             if seen_ready and not ready and self._accepting:
                 self.logger.log_info(f"[vllm] {self.model_name} is being unloaded: stopping {len(self._tasks)} request(s)")
                 self._accepting = False
                 for task, _ in list(self._tasks.values()):
                     task.cancel(UNLOADING)
                 return  # no more readiness requests: the server is busy unloading us
+
+    def _ask_ready(self) -> bool | None:
+        """Triton's readiness of this model; None when the server does not answer within READY_WAIT_S.
+
+        While Triton unloads this model, a readiness request can wait on the unload itself, which waits on
+        finalize: the question is asked from a thread nobody joins, and no answer means "being unloaded".
+        """
+        answer: dict[str, bool] = {}
+        asker = threading.Thread(target=lambda: answer.setdefault("ready", pb_utils.is_model_ready(self.model_name)), daemon=True)
+        asker.start()
+        asker.join(READY_WAIT_S)
+        return answer.get("ready")
 
     def _dead_message(self) -> str:
         return (
@@ -505,7 +518,7 @@ class TritonPythonModel:
         """Abort what is in flight (each stream gets its final flag), stop the engine, the loop, the pool."""
         self._accepting = False
         self._on_loop(self._stop_watchers(), timeout=10)
-        self._pollers.shutdown(wait=True)  # no IPC poll may run while the stub tears down
+        self._pollers.shutdown(wait=True)  # polls end within READY_WAIT_S: none may run during teardown
         grace = float(self._parameter("shutdown_grace_seconds", "5"))
         try:
             self._on_loop(self._drain(grace), timeout=grace + 30)
