@@ -10,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -78,6 +77,7 @@ def stream(grpc_url: str, prompt, *, sampling=None, stream_mode=True, timeout=30
     )
     out = Streamed()
     deadline = time.monotonic() + timeout
+    finished = False
     try:
         while True:
             result, error = responses.get(timeout=max(0.1, deadline - time.monotonic()))
@@ -88,15 +88,17 @@ def stream(grpc_url: str, prompt, *, sampling=None, stream_mode=True, timeout=30
             if result.as_numpy("text_output") is not None:
                 _record(out, result)
             if final:
+                finished = True
                 break
     finally:
-        client.stop_stream(cancel_requests=True)
+        # cancelling a call whose request is complete keeps Triton 2.51 from unloading the model later
+        client.stop_stream(cancel_requests=not finished)
         client.close()
     return out
 
 
 async def aio_stream(client, prompt: str, sampling: dict, **flags) -> Streamed:
-    """One request on its own aio stream; the last response is the one with a finish_reason."""
+    """One request on its own aio stream, read until Triton closes it (never cancelled once complete)."""
     out = Streamed()
 
     async def requests():
@@ -105,11 +107,9 @@ async def aio_stream(client, prompt: str, sampling: dict, **flags) -> Streamed:
     async for result, error in client.stream_infer(requests()):
         if error is not None:
             out.error = str(error)
-            break
+            continue
         _record(out, result)
-        if out.finish_reasons and out.finish_reasons[-1]:
-            break
-    return out
+    return out  # read to the end of the call: Triton closes it after the last response
 
 
 async def burst(grpc_url: str, prompts: list[str], sampling: dict) -> list[Streamed]:
@@ -121,21 +121,20 @@ async def burst(grpc_url: str, prompts: list[str], sampling: dict) -> list[Strea
         await client.close()
 
 
-def engine_dtype(server) -> str:
-    return json.loads((server.model_repository / MODEL / "1" / "model.json").read_text()).get("dtype", "auto")
-
-
 def is_continuation(text: str, prompt: str) -> bool:
     """The reply is the prompt followed by new text (what greedy decoding yields in any dtype)."""
     return text.startswith(prompt) and len(text.strip()) > len(prompt)
 
 
-def context_length(server) -> int:
-    """The engine's max_model_len: model.json's, else the model's own (what vLLM does)."""
-    settings = json.loads((server.model_repository / MODEL / "1" / "model.json").read_text())
-    if settings.get("max_model_len"):
-        return int(settings["max_model_len"])
-    return int(json.loads((Path(settings["model"]) / "config.json").read_text())["max_position_embeddings"])
+def context_length(http_url: str) -> int:
+    """The engine's max_model_len, as the server states it when asked for more than it can hold.
+
+    Asking the server works for any server, the session's own or one shared through TUTORIAL_TRITON.
+    """
+    _, body = generate(http_url, {"text_input": "Hi", "max_tokens": 10**9})
+    match = re.search(r"model's context of (\d+) tokens", body.get("error", ""))
+    assert match, body
+    return int(match.group(1))
 
 
 def metrics(metrics_url: str) -> dict[str, float]:

@@ -133,7 +133,7 @@ def test_unknown_key_lists_the_allowed_ones(triton):
 
 
 def test_prompt_plus_max_tokens_beyond_the_context(triton):
-    context = context_length(triton.server)
+    context = context_length(triton.http_url)
     prompt = "word " * 1500
     status, body = generate(triton.http_url, {"text_input": prompt, "max_tokens": context - 1000})
     assert status == 400 and f"exceeds the model's context of {context} tokens" in body["error"]
@@ -190,7 +190,7 @@ def test_cancelled_stream_is_aborted_in_the_engine(triton):
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    long = context_length(triton.server) - 64
+    long = context_length(triton.http_url) - 64
     sampling = {"temperature": 0, "ignore_eos": True, "max_tokens": long}
     client.async_stream_infer(MODEL, inputs_for("Once upon a time", stream=True, sampling=sampling, return_num_output_tokens=True))
     received = [responses.get(timeout=120) for _ in range(3)]  # a few tokens in: it is running

@@ -54,7 +54,7 @@ def model_ready(server: TritonServer) -> bool:
 
 def long_sampling(server: TritonServer) -> dict:
     """Streams that run far longer than any test step: nearly the whole context, EOS ignored."""
-    return {"temperature": 0, "ignore_eos": True, "max_tokens": context_length(server) - 64}
+    return {"temperature": 0, "ignore_eos": True, "max_tokens": context_length(server.http_url) - 64}
 
 
 def start_long_streams(server: TritonServer, count: int) -> tuple[list, list[threading.Thread]]:

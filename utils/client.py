@@ -438,20 +438,20 @@ async def stream_one(
     request = {"model_name": model, "inputs": build_inputs(prompt, stream, sampling, exclude_input), "request_id": request_id}
     result.start = time.perf_counter()
     responses = client.stream_infer(_single(request), stream_timeout=timeout)
+    ended = False
     try:
         async for response, error in responses:
             arrived = time.perf_counter()
             if error is not None:
                 result.finish_reason = "error"
                 result.error = await _explain_server_error(client, model, error.message() or str(error))
-                break
+                continue
             result.arrival_times.append(arrived)
             result.chunks.append(response.as_numpy("text_output")[0].decode("utf-8"))
             result.tokens_per_chunk.append(int(response.as_numpy("num_output_tokens")[0]))
             result.finish_reason = response.as_numpy("finish_reason")[0].decode("utf-8")
-            if result.finish_reason:
-                break
-        else:  # the server ended the call without a last response (it stopped the request itself)
+        ended = True  # Triton ends the call once the request is complete (we half-closed after sending it)
+        if not result.finish_reason:  # the server ended the call without a last response
             result.finish_reason = "error"
             result.error = ClientError("The server closed the stream before the request finished.")
     except grpc.aio.AioRpcError as err:
@@ -460,7 +460,8 @@ async def stream_one(
         result.finish_reason = "cancelled"
         raise
     finally:
-        responses.cancel()  # after the last response this only releases the call; before it, aborts the request
+        if not ended:  # abort a running request; never cancel a completed call: Triton 2.51 would keep the model from unloading
+            responses.cancel()
     return result
 
 

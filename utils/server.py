@@ -172,6 +172,7 @@ class TritonServer:
         self.shm_prefix = f"tvt{os.getpid()}x{next(_instance_counter)}_"
         self.process: subprocess.Popen | None = None
         self._log_handle = None
+        self._log_offset = 0
 
     # ---- addresses -------------------------------------------------------------------------------
     @property
@@ -234,6 +235,7 @@ class TritonServer:
             VLLM_CACHE_ROOT=str(cache / "vllm"),
             TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
             TRITON_CACHE_DIR=str(cache / "triton"),
+            FLASHINFER_WORKSPACE_BASE=str(cache),  # FlashInfer's kernels, compiled on first use
             VLLM_RPC_BASE_PATH=str(tmp),
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
@@ -262,6 +264,7 @@ class TritonServer:
         assemble_backends(self.run_dir / "backends", version)
         workdir = self.run_dir / "work"  # the stub puts its cwd on sys.path: no folder named `triton` here
         workdir.mkdir(exist_ok=True)
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._log_handle = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             self.command(),
@@ -293,7 +296,11 @@ class TritonServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def _fatal_log_line(self) -> str | None:
-        for line in self.log_tail(200).splitlines():
+        """A line of *this* start's log that means the server will never be ready (earlier runs ignored)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_offset)
+            text = log.read().decode(errors="replace")
+        for line in text.splitlines()[-200:]:
             if any(marker in line for marker in FATAL_LOG_MARKERS):
                 return line.strip()
         return None
