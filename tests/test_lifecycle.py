@@ -91,6 +91,7 @@ def engine_processes(server: TritonServer) -> list[psutil.Process]:
 
 
 def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
+    limit = long_sampling(scratch)["max_tokens"]
     results, threads = start_long_streams(scratch, 3)
     wait_for_engine_tokens(scratch)
     started = time.monotonic()
@@ -102,7 +103,6 @@ def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
         thread.join(timeout=60)
     assert unloaded_after < 30, f"unload took {unloaded_after:.0f} s"
     assert model_state(scratch) == "UNAVAILABLE"
-    limit = long_sampling(scratch)["max_tokens"]
     assert len(results) == 3 and all(sum(r.tokens) < limit for r in results)  # cut short, each stream closed
     assert all(r.error is not None and "being unloaded" in r.error for r in results)
     reload(scratch)
