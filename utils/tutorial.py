@@ -1,7 +1,7 @@
 """`make tutorial`: prepare the model, start Triton, run the notebooks in order, stop, say where results are.
 
-Notebooks are executed headless with papermill into ``runs/tutorial-<time>/`` (executed copies, figures,
-CSVs), all against one server. Until notebooks exist, a smoke job runs instead: one `generate` call.
+A first `generate` call checks the setup; then the notebooks are executed headless with papermill into
+``runs/tutorial-<time>/`` (executed copies, figures, CSVs), all against one server.
 """
 
 from __future__ import annotations
@@ -55,13 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     handle.export()
     try:
         print(f"Triton ready: http {handle.http_url}, grpc {handle.grpc_url}, metrics {handle.metrics_url}")
-        if notebooks():
-            for name, seconds in run_notebooks(out_dir, {"results_dir": str(out_dir)}):
-                print(f"  {name}: {seconds:.0f} s")
-        else:
-            reply = smoke(handle.http_url)
-            (out_dir / "smoke.txt").write_text(reply + "\n")
-            print(f"generate: {reply!r}")
+        reply = smoke(handle.http_url)  # one request first: a broken setup fails here, in a second
+        (out_dir / "smoke.txt").write_text(reply + "\n")
+        print(f"generate: {reply!r}")
+        for name, seconds in run_notebooks(out_dir, {"results_dir": str(out_dir)}):
+            print(f"  {name}: {seconds:.0f} s")
     finally:
         handle.stop()
     print(f"results: {out_dir}")
