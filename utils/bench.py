@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 from utils import client as triton_client
 from utils import paths
 from utils.repository import DEFAULT_MODEL_NAME, has_gpu, read_engine_args, runnable_engine_args
-from utils.server import ServerHandle, TritonServer, free_port, shared_server, stop_process_tree
+from utils.server import ServerHandle, TritonServer, engine_environment, free_port, shared_server, stop_process_tree
 
 TARGETS = ("triton-grpc", "triton-http", "vllm-openai", "direct")
 SERVING = {"triton-grpc": "triton", "triton-http": "triton", "vllm-openai": "vllm-openai", "direct": "direct"}
@@ -690,22 +690,6 @@ def engine_cli_flags(settings: dict) -> list[str]:
         else:
             flags += [flag, str(value)]
     return flags
-
-
-def engine_environment(tmp_dir: Path) -> dict[str, str]:
-    """What a vLLM engine outside Triton needs, as utils.server gives Triton's: the shared caches under
-    runs/cache, temporary files and IPC sockets in ``tmp_dir`` (short: a socket path holds 107 bytes)."""
-    cache = paths.runs_dir() / "cache"
-    return {
-        "TMPDIR": str(tmp_dir),
-        "VLLM_RPC_BASE_PATH": str(tmp_dir),
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 def _last_log_line(path: Path) -> str:

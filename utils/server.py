@@ -75,6 +75,24 @@ def docker_command(version: str = "24.10", model_repository: str = "$PWD/model_r
     )
 
 
+def engine_environment(tmp_dir: Path) -> dict[str, str]:
+    """What any vLLM engine we start needs (in Triton, vLLM's own server, or in-process): caches shared
+    between runs under runs/cache (the compile caches are worth keeping), temporary files and IPC sockets
+    in ``tmp_dir`` (keep it short: a socket path holds 107 bytes), no usage reporting."""
+    cache = paths.runs_dir() / "cache"
+    return {
+        "TMPDIR": str(tmp_dir),
+        "VLLM_RPC_BASE_PATH": str(tmp_dir),
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "FLASHINFER_WORKSPACE_BASE": str(cache),  # FlashInfer's kernels, compiled on first use
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
 def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something accepts TCP connections on host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -227,21 +245,9 @@ class TritonServer:
         bundled_libs = tritonserver_root().parents[1] / "nvidia_pytriton.libs"
         library_path = [runtime["libdir"], str(bundled_libs), env.get("LD_LIBRARY_PATH", "")]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in library_path if p)
-        cache = paths.home() / "runs" / "cache"  # shared between runs: the compile cache is worth keeping
         tmp = self.run_dir / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        env.update(
-            TMPDIR=str(tmp),
-            VLLM_CACHE_ROOT=str(cache / "vllm"),
-            TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-            TRITON_CACHE_DIR=str(cache / "triton"),
-            FLASHINFER_WORKSPACE_BASE=str(cache),  # FlashInfer's kernels, compiled on first use
-            VLLM_RPC_BASE_PATH=str(tmp),
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            PYTHONUNBUFFERED="1",
-            TUTORIAL_PROJECT_ROOT=str(paths.PROJECT_ROOT),
-        )
+        env.update(engine_environment(tmp), TUTORIAL_PROJECT_ROOT=str(paths.PROJECT_ROOT))
         env.update(self.extra_env)
         return env
 
