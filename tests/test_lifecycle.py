@@ -143,7 +143,9 @@ def test_shutdown_with_streams_in_flight_leaves_nothing_behind(scratch):
     stopped_after = time.monotonic() - started
     for thread in threads:
         thread.join(timeout=30)
-    assert stopped_after < 45, f"shutdown took {stopped_after:.0f} s"
+    # stop(timeout=60) promises: unload (up to 30 s), SIGTERM, SIGKILL after 60 s, 5 s more for stragglers.
+    # Measured on 2 CI cores: 8 s when the unload completes, 57 s when it does not (open work, issue 3).
+    assert stopped_after < 70, f"shutdown took {stopped_after:.0f} s"
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert list(Path("/dev/shm").glob(f"{scratch.shm_prefix}*")) == []
     assert all(not t.is_alive() for t in threads)
