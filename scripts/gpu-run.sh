@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU session, one phase per call of the device tool (each call <10 min; results land in $OUT).
 # Prerequisite: the gpu-kit parts copied to /tmp/gpu-parts (../shared/gpu-kit/README.md).
-#   setup    build /tmp/gpu-env from the kit, print versions and the GPU
-#   compare  time to ready and throughput: our GPU default (no torch.compile, full CUDA graphs)
-#            against vLLM's default (torch.compile + graphs), Triton gRPC at concurrency 1/64/256
-#   test     the whole suite with the default (full) notebook parameters: make test PYTHON=...
-#   final    one Triton: core tests, then Triton gRPC against vLLM's server (a short device budget)
-#   bench    the benchmark of record: four targets, concurrency 1/16/64/256, 128 tokens, ~100-token prompts
+#   setup      build /tmp/gpu-env from the kit, print versions and the GPU
+#   bench      the benchmark of record: four targets in one run, concurrency 1/16/64/256, 128 tokens,
+#              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
+#   tests      `make serve` (a background Triton that outlives the call), then pytest tests/ on it
+#   notebooks  pytest --nbmake notebooks/ (default, full parameters) on that server, then `make stop`
+#   compare    time to ready and throughput: our GPU default (no torch.compile, full CUDA graphs)
+#              against vLLM's default (torch.compile + graphs), Triton gRPC at concurrency 1/64/256
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1
@@ -15,6 +16,10 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export TUTORIAL_HOME=/tmp/tutorial-home   # runs/ and models/ outside the copied tree; kept while warm
 mkdir -p "$TUTORIAL_HOME"
+
+shared_address() {  # the background server of `make serve`, as TUTORIAL_TRITON wants it
+  $PY -c "import json; i=json.load(open('$TUTORIAL_HOME/runs/serve.json')); print(json.dumps({k: i[k] for k in ('host','http','grpc','metrics')}))"
+}
 
 pack() {  # pack a benchmark folder's results (not its server logs' bulk) into one file under $OUT
   local src=$1 name=$2
@@ -39,34 +44,33 @@ case "${1:-}" in
       grep -A3 startup_s "$TUTORIAL_HOME/compare-$variant/environment.json" | tee -a "$OUT/compare-$variant.log"
     done
     ;;
-  test)
-    start=$(date +%s)
-    make test PYTHON=$PY PYTEST_ARGS="--junitxml=$OUT/junit.xml -p no:cacheprovider" 2>&1 \
-      | grep -v "Triton starting\|it/s\]\|s/it\]" | tee "$OUT/test.log"
-    echo "make test: $(( $(date +%s) - start )) s" | tee -a "$OUT/test.log"
-    ;;
   bench)
-    $PY -m utils.bench --targets triton-grpc,triton-http,vllm-openai,direct --concurrency 1,16,64,256 \
-      --max-tokens 128 --prompt-tokens 100 --repeats 2 --out "$TUTORIAL_HOME/h200" 2>&1 \
-      | grep -v "it/s\]\|s/it\]\|level/s\]" | tee "$OUT/bench.log"
+    timeout "${BENCH_LIMIT_S:-500}" $PY -m utils.bench --targets triton-grpc,triton-http,vllm-openai,direct \
+      --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration 8 --repeats 2 \
+      --out "$TUTORIAL_HOME/h200" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" | tee "$OUT/bench.log"
+    for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/h200/$f" "$OUT/bench-$f"; done
     pack "$TUTORIAL_HOME/h200" h200
     ;;
-  final)
-    # one short session: one Triton for the core tests and the benchmark (each vLLM start costs minutes)
+  tests)
     t0=$(date +%s)
-    make serve PYTHON=$PY 2>&1 | grep -v "Triton starting" | tail -3 | tee "$OUT/final.log"
-    echo "triton ready after $(( $(date +%s) - t0 )) s (model conversion included)" | tee -a "$OUT/final.log"
-    export TUTORIAL_TRITON=$($PY -c "import json; i=json.load(open('$TUTORIAL_HOME/runs/serve.json')); print(json.dumps({k: i[k] for k in ('host','http','grpc','metrics')}))")
-    timeout 150 $PY -m pytest tests/test_server.py tests/test_backend.py -q --tb=short -p no:cacheprovider 2>&1 \
-      | tail -40 | tee -a "$OUT/final.log"
-    timeout $(( 560 - ($(date +%s) - t0) )) $PY -m utils.bench --targets triton-grpc,vllm-openai --concurrency 1,16,64,256 \
-      --max-tokens 128 --prompt-tokens 100 --out "$TUTORIAL_HOME/h200" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]" | tail -30 | tee -a "$OUT/final.log"
+    make serve PYTHON=$PY 2>&1 | grep -v "Triton starting" | tail -3 | tee "$OUT/tests.log"
+    echo "background triton ready after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/tests.log"
+    export TUTORIAL_TRITON=$(shared_address)
+    timeout $(( ${TESTS_LIMIT_S:-560} - ($(date +%s) - t0) )) $PY -m pytest tests -p no:cacheprovider --tb=short \
+      --junitxml="$OUT/tests-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee -a "$OUT/tests.log"
+    echo "tests: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/tests.log"
+    ;;
+  notebooks)
+    t0=$(date +%s)
+    make status PYTHON=$PY | tee "$OUT/notebooks.log"
+    export TUTORIAL_TRITON=$(shared_address)
+    timeout "${NOTEBOOKS_LIMIT_S:-540}" $PY -m pytest notebooks -p no:cacheprovider --tb=short --durations=0 \
+      --junitxml="$OUT/notebooks-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee -a "$OUT/notebooks.log"
     serve_dir=$($PY -c "import json; print(json.load(open('$TUTORIAL_HOME/runs/serve.json'))['run_dir'])")
-    cp "$serve_dir/server.log" "$OUT/triton-server.log"
-    make stop PYTHON=$PY | tee -a "$OUT/final.log"
-    pack "$TUTORIAL_HOME/h200" h200
-    echo "final: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/final.log"
+    make stop PYTHON=$PY | tee -a "$OUT/notebooks.log"
+    gzip -c "$serve_dir/server.log" > "$OUT/triton-server.log.gz"
+    echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     ;;
   *)
-    echo "usage: $0 setup|compare|test|bench" >&2; exit 2 ;;
+    echo "usage: $0 setup|bench|tests|notebooks|compare" >&2; exit 2 ;;
 esac

@@ -81,8 +81,9 @@ def stream(grpc_url: str, prompt, *, sampling=None, stream_mode=True, timeout=30
     try:
         while True:
             result, error = responses.get(timeout=max(0.1, deadline - time.monotonic()))
-            if error is not None:
+            if error is not None:  # an error response is the request's last: the server has completed it
                 out.error = str(error)
+                finished = True
                 break
             final = result.get_response().parameters["triton_final_response"].bool_param
             if result.as_numpy("text_output") is not None:

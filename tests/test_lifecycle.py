@@ -143,9 +143,10 @@ def test_shutdown_with_streams_in_flight_leaves_nothing_behind(scratch):
     stopped_after = time.monotonic() - started
     for thread in threads:
         thread.join(timeout=30)
-    # stop(timeout=60) promises: unload (up to 30 s), SIGTERM, SIGKILL after 60 s, 5 s more for stragglers.
-    # Measured on 2 CI cores: 8 s when the unload completes, 57 s when it does not (open work, issue 3).
-    assert stopped_after < 70, f"shutdown took {stopped_after:.0f} s"
+    # The unload completes (streams stopped within about a second, engine shut down): 8 s measured on 2 CI cores.
+    # 57 s were seen when a client cancelled a request the server had already completed (Triton 2.51 then
+    # keeps the model loaded until SIGTERM): stream() no longer does.
+    assert stopped_after < 30, f"shutdown took {stopped_after:.0f} s"
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert list(Path("/dev/shm").glob(f"{scratch.shm_prefix}*")) == []
     assert all(not t.is_alive() for t in threads)

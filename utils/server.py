@@ -78,9 +78,14 @@ def docker_command(version: str = "24.10", model_repository: str = "$PWD/model_r
 def engine_environment(tmp_dir: Path) -> dict[str, str]:
     """What any vLLM engine we start needs (in Triton, vLLM's own server, or in-process): caches shared
     between runs under runs/cache (the compile caches are worth keeping), temporary files and IPC sockets
-    in ``tmp_dir`` (keep it short: a socket path holds 107 bytes), no usage reporting."""
+    in ``tmp_dir`` (keep it short: a socket path holds 107 bytes), no usage reporting.
+
+    FlashInfer's top-k/top-p sampler is off unless asked for: its kernels are compiled on first use, which
+    took 88 of the 142 s of a first start on a fresh H200 (vLLM 0.26); PyTorch's sampler needs no compile,
+    and greedy decoding uses neither."""
     cache = paths.runs_dir() / "cache"
     return {
+        "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0"),
         "TMPDIR": str(tmp_dir),
         "VLLM_RPC_BASE_PATH": str(tmp_dir),
         "VLLM_CACHE_ROOT": str(cache / "vllm"),

@@ -3,11 +3,13 @@
 Design, in one paragraph: Triton's stub calls ``execute`` on its main thread; we validate each request
 there (bad input is answered at once with an INVALID_ARG error naming the field) and hand the valid ones
 to an asyncio loop on a thread of its own, where vLLM's ``AsyncLLM`` runs. Each request is one task that
-iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and keeps at most one response in
-flight: ``send`` (an IPC round trip to the Triton process) runs on a small thread pool, and while it is
-in flight vLLM merges newly generated tokens into the request's next output. Under light load every
-token is its own response; under heavy load responses carry several tokens and the number of IPC round
-trips stays bounded by what the stub can carry, instead of the event loop stalling on one send per token.
+iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and sends every output it gets, inline, from
+the loop thread. ``send`` is an IPC round trip to the Triton process that releases the GIL while it waits;
+while it is in flight the loop does nothing else, so tokens generated meanwhile are merged by vLLM into the
+request's next output: under light load every token is its own response, under heavy load responses carry
+several tokens, and no response ever waits in a queue. Sending from worker threads instead costs two GIL
+hand-offs per response, and each one waits for the busy loop thread to yield the GIL (up to Python's 5 ms
+switch interval): that capped the responses per second of the whole model and delayed first tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _use_utf8_locale()
 
 import asyncio  # noqa: E402
 import concurrent.futures  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
@@ -212,37 +215,37 @@ def logprobs_json(output) -> str:
 
 
 class ResponseChannel:
-    """One request's response sender with at most one send in flight.
+    """One request's response sender, used from the engine loop's thread only (so sends never overlap).
 
-    ``send`` runs on the sender pool; while it is in flight the request's task is parked, and vLLM merges
-    new tokens into the next output. A send interrupted by a cancel is still awaited before the final
-    response goes out, so responses never overtake each other and nothing follows the final flag.
+    Nothing follows the final flag, and Triton's cancellation flag is never asked once the final response is
+    out (its response factory is freed then). ``release`` drops the sender as soon as the request is done, so
+    no stray reference (a traceback, a poll's list) keeps it alive until the interpreter exits: a sender that
+    dies after the stub has torn down its shared memory crashes the stub (seen with Triton 2.51).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pool: concurrent.futures.Executor, sender) -> None:
-        self._loop, self._pool, self._sender = loop, pool, sender
-        self._pending: asyncio.Future | None = None
-        self._lock = threading.Lock()  # a send and a cancellation poll must not overlap
-        self._closed = False
+    def __init__(self, sender) -> None:
+        self._sender = sender
+        self.closed = False
 
-    def _send_now(self, response, flags: int) -> None:
-        with self._lock:
-            self._sender.send(response, flags)
-            self._closed = self._closed or bool(flags & FINAL)
+    def send(self, response, flags: int = 0) -> None:
+        if self.closed:
+            return
+        self.closed = bool(flags & FINAL)
+        self._sender.send(response, flags)
+
+    def close(self, response=None) -> None:
+        """The final response (or just the final flag); a client that is gone is not an error here."""
+        try:
+            self.send(response, FINAL)
+        except Exception as err:  # noqa: BLE001 - the stream is over either way
+            self.closed = True
+            pb_utils.Logger.log_warn(f"[vllm] could not close a stream: {err!r}")
 
     def is_cancelled(self) -> bool:
-        """Triton's cancellation flag; never asked once the final response is out (its factory is freed)."""
-        with self._lock:
-            return not self._closed and self._sender.is_cancelled()
+        return not self.closed and self._sender.is_cancelled()
 
-    async def send(self, response, flags: int = 0) -> None:
-        self._pending = self._loop.run_in_executor(self._pool, self._send_now, response, flags)
-        await asyncio.shield(self._pending)
-
-    async def close(self, response=None) -> None:
-        if self._pending is not None and not self._pending.done():
-            await asyncio.wait([self._pending])
-        await self.send(response, FINAL)
+    def release(self) -> None:
+        self.closed, self._sender = True, None
 
 
 class TritonPythonModel:
@@ -282,12 +285,9 @@ class TritonPythonModel:
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name="vllm-loop", daemon=True)
         self._loop_thread.start()
-        self._senders = concurrent.futures.ThreadPoolExecutor(
-            max_workers=int(self._parameter("response_sender_threads", "4")), thread_name_prefix="triton-send"
-        )
-        # health and cancellation polls are IPC calls too; their own thread lets finalize wait them out
+        # readiness questions can wait seconds while Triton unloads us: their own thread, never the loop's
         self._pollers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-poll")
-        self._tasks: dict[str, tuple[asyncio.Task, object]] = {}
+        self._tasks: dict[str, tuple[asyncio.Task, ResponseChannel]] = {}
         self._dead: BaseException | None = None
         self._accepting = True
 
@@ -388,17 +388,21 @@ class TritonPythonModel:
         return LoRARequest(lora_name=name, lora_int_id=self._lora_ids[name], lora_path=self.loras[name])
 
     def _begin(self, request_id, parsed, params, lora, sender) -> None:
-        channel = ResponseChannel(self.loop, self._senders, sender)
+        channel = ResponseChannel(sender)
         task = self.loop.create_task(self._generate(request_id, parsed, params, lora, channel))
         self._tasks[request_id] = (task, channel)
-        task.add_done_callback(lambda _t: self._tasks.pop(request_id, None))
+        task.add_done_callback(lambda _t: self._finished(request_id, channel))
+
+    def _finished(self, request_id: str, channel: ResponseChannel) -> None:
+        self._tasks.pop(request_id, None)
+        channel.release()
 
     async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, channel) -> None:
         prompt_prefix = "" if parsed.exclude_input else parsed.prompt
         cumulative_text = ""
         try:
             if not await self._fits_context(parsed.prompt, params):
-                return await channel.close(self._too_long(parsed.prompt, params))
+                return channel.close(self._too_long(parsed.prompt, params))
             async for output in self.engine.generate(parsed.prompt, params, request_id, lora_request=lora):
                 completion = output.outputs[0]
                 if parsed.stream:
@@ -407,19 +411,19 @@ class TritonPythonModel:
                     cumulative_text += completion.text
                     text = prompt_prefix + cumulative_text
                 response = self._response(text, output, completion, parsed.wants)
-                await channel.send(response, FINAL if output.finished else 0)
+                channel.send(response, FINAL if output.finished else 0)
         except asyncio.CancelledError as cancel:
             if UNLOADING in cancel.args:  # tell the client why its stream stopped early
                 unloading = error_response(f"{UNLOADING}: request stopped", pb_utils.TritonError.UNAVAILABLE)
-                return await channel.close(unloading)
-            await channel.close()  # the client went away: close the stream (the engine has aborted it)
+                return channel.close(unloading)
+            channel.close()  # the client went away: close the stream (the engine has aborted it)
         except EngineDeadError as err:
-            await channel.close(error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE))
+            channel.close(error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE))
         except (ValueError, VLLMValidationError) as err:  # vLLM's own input checks
-            await channel.close(error_response(str(err)))
+            channel.close(error_response(str(err)))
         except Exception as err:  # noqa: BLE001 - any other failure still closes the stream with a reason
             self.logger.log_error(f"[vllm] request {request_id} failed: {err!r}")
-            await channel.close(error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL))
+            channel.close(error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL))
 
     async def _fits_context(self, prompt: str, params: SamplingParams) -> bool:
         """Prompt plus max_tokens must fit the context; tokenizing is skipped when bytes already bound it."""
@@ -454,16 +458,16 @@ class TritonPythonModel:
 
     # ---- watchers --------------------------------------------------------------------------------
     async def _watch_cancellations(self) -> None:
-        """Poll Triton's cancellation flag of in-flight requests (one cheap IPC each, off the loop)."""
+        """Poll Triton's cancellation flag of in-flight requests: one IPC round trip each, on the loop like sends."""
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
-            if not self._tasks:
-                continue
-            entries = list(self._tasks.values())
-            flags = await self.loop.run_in_executor(self._pollers, lambda: [ch.is_cancelled() for _, ch in entries])
-            for (task, _), cancelled in zip(entries, flags):
-                if cancelled and not task.done():
-                    task.cancel()
+            self._cancel_abandoned()
+
+    def _cancel_abandoned(self) -> None:
+        # a function of its own, so no local variable keeps a finished request's sender alive between polls
+        for task, channel in list(self._tasks.values()):
+            if not task.done() and channel.is_cancelled():
+                task.cancel()
 
     async def _watch_health(self) -> None:
         """Notice a dead engine or a pending unload at once (Triton gives a Python model no other signal).
@@ -483,7 +487,7 @@ class TritonPythonModel:
             ready = await self.loop.run_in_executor(self._pollers, self._ask_ready)
             seen_ready = seen_ready or bool(ready)
             if seen_ready and not ready and self._accepting:
-                self.logger.log_info(f"[vllm] {self.model_name} is being unloaded: stopping {len(self._tasks)} request(s)")
+                self.logger.log_info(f"[vllm] {self.model_name} is being unloaded (ready: {ready}): stopping {len(self._tasks)} request(s)")
                 self._accepting = False
                 for task, _ in list(self._tasks.values()):
                     task.cancel(UNLOADING)
@@ -529,7 +533,15 @@ class TritonPythonModel:
             stat_logger.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=10)
-        self._senders.shutdown(wait=True, cancel_futures=False)
+        self._release_senders()
+
+    def _release_senders(self) -> None:
+        """Free every response sender now, while the stub's shared memory still exists."""
+        for _, channel in self._tasks.values():
+            channel.release()
+        self._tasks.clear()
+        self._watchers = []
+        gc.collect()
 
     async def _drain(self, grace: float) -> None:
         deadline = time.monotonic() + grace
