@@ -10,7 +10,7 @@
 #              against vLLM's default (torch.compile + graphs), Triton gRPC at concurrency 1/64/256
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1
+export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # notebook kernels import utils
 PY=/tmp/gpu-env/bin/python
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -66,9 +66,7 @@ case "${1:-}" in
     export TUTORIAL_TRITON=$(shared_address)
     timeout "${NOTEBOOKS_LIMIT_S:-540}" $PY -m pytest notebooks -p no:cacheprovider --tb=short --durations=0 \
       --junitxml="$OUT/notebooks-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee -a "$OUT/notebooks.log"
-    serve_dir=$($PY -c "import json; print(json.load(open('$TUTORIAL_HOME/runs/serve.json'))['run_dir'])")
     make stop PYTHON=$PY | tee -a "$OUT/notebooks.log"
-    gzip -c "$serve_dir/server.log" > "$OUT/triton-server.log.gz"
     echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     ;;
   *)

@@ -198,18 +198,18 @@ def test_cancelled_stream_is_aborted_in_the_engine(triton):
     client.stop_stream(cancel_requests=True)
     client.close()
 
-    deadline = time.monotonic() + 20
+    # metrics are published once a second: wait until two reads 1.5 s apart agree and nothing runs
+    deadline = time.monotonic() + 30
+    now = metrics(triton.metrics_url)
     while time.monotonic() < deadline:
-        now = metrics(triton.metrics_url)
-        if metric(now, "vllm:num_requests_running") == 0 and metric(now, "vllm:num_requests_waiting") == 0:
+        time.sleep(1.5)
+        previous, now = now, metrics(triton.metrics_url)
+        settled = metric(now, "vllm:generation_tokens_total") == metric(previous, "vllm:generation_tokens_total")
+        if settled and metric(now, "vllm:num_requests_running") == 0 and metric(now, "vllm:num_requests_waiting") == 0:
             break
-        time.sleep(0.5)
-    assert metric(now, "vllm:num_requests_running") == 0
+    assert metric(now, "vllm:num_requests_running") == 0, "the request is still running"
     generated = metric(now, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
     assert generated < long - 100, f"the engine went on generating after the cancel ({generated} tokens)"
-    time.sleep(2)
-    later = metric(metrics(triton.metrics_url), "vllm:generation_tokens_total")
-    assert later == metric(now, "vllm:generation_tokens_total"), "tokens are still being generated"
     still_serving(triton)
 
 
