@@ -207,6 +207,7 @@ def test_cancelled_stream_is_aborted_in_the_engine(triton):
         settled = metric(now, "vllm:generation_tokens_total") == metric(previous, "vllm:generation_tokens_total")
         if settled and metric(now, "vllm:num_requests_running") == 0 and metric(now, "vllm:num_requests_waiting") == 0:
             break
+    assert settled, "tokens are still being generated"
     assert metric(now, "vllm:num_requests_running") == 0, "the request is still running"
     generated = metric(now, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
     assert generated < long - 100, f"the engine went on generating after the cancel ({generated} tokens)"
