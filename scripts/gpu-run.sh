@@ -6,8 +6,10 @@
 #              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
 #   tests      `make serve` (a background Triton that outlives the call), then pytest tests/ on it
 #   notebooks  pytest --nbmake notebooks/ (default, full parameters) on that server, then `make stop`
-#   compare    time to ready and throughput: our GPU default (no torch.compile, full CUDA graphs)
-#              against vLLM's default (torch.compile + graphs), Triton gRPC at concurrency 1/64/256
+#   ab         the backend committed before (carried to /tmp/old-backend/vllm) against this one, both
+#              Triton protocols at concurrency 1/64/256, one run each on this machine
+#   compare    time to ready and throughput of vLLM's default (torch.compile + graphs) instead of our GPU
+#              default (no torch.compile, full CUDA graphs: the bench phase's figures), Triton gRPC at 1/64/256
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # notebook kernels import utils
@@ -30,18 +32,24 @@ case "${1:-}" in
   setup)
     bash /tmp/gpu-parts/device-setup.sh 2>&1 | tail -5
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    $PY -c "import vllm, torch, numpy; print('vllm', vllm.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"
+    $PY -c "import vllm, torch, numpy, uvloop; print('vllm', vllm.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__, 'uvloop', uvloop.__version__)"
     time make setup PYTHON=$PY
     ;;
   compare)
-    for variant in default compiled; do
-      overrides='{}'
-      [ "$variant" = compiled ] && overrides='{"compilation_config": {}}'
-      /usr/bin/time -f "$variant: %e s wall" $PY -m utils.bench --targets triton-grpc --concurrency 1,64,256 \
-        --max-tokens 128 --prompt-tokens 100 --engine-overrides "$overrides" --out "$TUTORIAL_HOME/compare-$variant" 2>&1 \
-        | grep -v "it/s\]\|s/it\]\|level/s\]" | tee "$OUT/compare-$variant.log"
-      cp "$TUTORIAL_HOME/compare-$variant/summary.csv" "$OUT/compare-$variant.csv"
-      grep -A3 startup_s "$TUTORIAL_HOME/compare-$variant/environment.json" | tee -a "$OUT/compare-$variant.log"
+    $PY -m utils.bench --targets triton-grpc --concurrency 1,64,256 --max-tokens 128 --prompt-tokens 100 \
+      --duration 8 --engine-overrides '{"optimization_level": 2, "compilation_config": {}}' \
+      --out "$TUTORIAL_HOME/compare-compiled" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" \
+      | tee "$OUT/compare-compiled.log"
+    cp "$TUTORIAL_HOME/compare-compiled/summary.csv" "$OUT/compare-compiled.csv"
+    grep -A3 startup_s "$TUTORIAL_HOME/compare-compiled/environment.json" | tee -a "$OUT/compare-compiled.log"
+    ;;
+  ab)
+    for variant in old new; do
+      dir=$PWD/backend/vllm; [ "$variant" = old ] && dir=/tmp/old-backend/vllm
+      TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency 1,64,256 \
+        --max-tokens 128 --prompt-tokens 100 --duration 8 --no-plots --out "$TUTORIAL_HOME/ab-$variant" 2>&1 \
+        | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" | tee "$OUT/ab-$variant.log"
+      cp "$TUTORIAL_HOME/ab-$variant/summary.csv" "$OUT/ab-$variant.csv"
     done
     ;;
   bench)
@@ -59,6 +67,7 @@ case "${1:-}" in
     timeout $(( ${TESTS_LIMIT_S:-560} - ($(date +%s) - t0) )) $PY -m pytest tests -p no:cacheprovider --tb=short \
       --junitxml="$OUT/tests-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee -a "$OUT/tests.log"
     echo "tests: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/tests.log"
+    cp "$TUTORIAL_HOME"/runs/serve-*/server.log "$OUT/serve-server.log"  # the cold start, with vLLM's timings
     ;;
   notebooks)
     t0=$(date +%s)
@@ -70,5 +79,5 @@ case "${1:-}" in
     echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     ;;
   *)
-    echo "usage: $0 setup|bench|tests|notebooks|compare" >&2; exit 2 ;;
+    echo "usage: $0 setup|bench|tests|notebooks|ab|compare" >&2; exit 2 ;;
 esac

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import numpy as np
@@ -128,6 +129,14 @@ def test_requests_csv_round_trip_gives_the_same_summary(tmp_path):
 
 # ---- splitting a level over workers --------------------------------------------------------------------------------
 ENDPOINT = bench.Endpoint("triton-grpc", "127.0.0.1:1")
+
+
+def test_server_time_columns_are_mean_ms_per_request_between_readings():
+    before = {"queue.count": 10, "queue.ns": 5_000_000, "compute_infer.count": 10, "compute_infer.ns": 1_000_000}
+    after = {"queue.count": 14, "queue.ns": 25_000_000, "compute_infer.count": 14, "compute_infer.ns": 3_000_000}
+    assert bench.server_time_columns(before, after) == {"server_queue_ms": 5.0, "server_execute_ms": 0.5}
+    assert math.isnan(bench.server_time_columns(before, before)["server_queue_ms"])  # no request: no mean
+    assert bench.server_time_columns(None, None) == {}  # not a Triton target
 
 
 def test_closed_loop_shares_split_clients_evenly_and_requests_in_proportion():
@@ -329,6 +338,9 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
     assert summary["request_rate"].notna().sum() == 2 and summary["requests_per_s_std"].notna().all()
     assert (tmp_path / "throughput_rate.png").exists()
     assert (records.loc[records["mode"] == "open", "lag_ms"] >= 0).all()
+    # Triton's own statistics per level: every request was queued and taken by execute for a measurable time
+    assert (summary["server_queue_ms"] > 0).all() and (summary["server_execute_ms"] > 0).all()
+    assert (summary["server_execute_ms"] < summary["ttft_p99_ms"]).all()  # taking a request is not generating it
 
 
 def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
@@ -337,6 +349,7 @@ def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
         ["vllm-openai", "direct"], [2], max_tokens=8, requests=4, warmup=1, out_dir=tmp_path, progress=False
     )
     check_outputs(tmp_path, summary, ["vllm-openai", "direct"], 1, 8, 4, 1)
+    assert not set(bench.SERVER_COLUMNS) & set(summary.columns)  # Triton's statistics only
     assert summary.attrs["out_dir"] == str(tmp_path.resolve())
     assert "--max-num-seqs 8" in (tmp_path / "vllm-openai" / "command.txt").read_text()
     assert "Application startup complete" in (tmp_path / "vllm-openai" / "server.log").read_text()

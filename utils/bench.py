@@ -63,6 +63,7 @@ SUMMARY_COLUMNS = [
     "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
 ]  # fmt: skip
 LEVEL_KEYS = ["target", "mode", "concurrency", "request_rate"]
+SERVER_COLUMNS = ("server_queue_ms", "server_execute_ms")
 LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
 STREAMS_PER_WORKER = 32  # one asyncio process keeps up with this many token streams on a fast GPU
 START_LEAD_S = 0.5  # workers get their share, open their client, then all start at the same instant
@@ -177,6 +178,9 @@ def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
         requests_per_s_max=float(runs["requests_per_s"].max()),
         output_tokens_per_s_std=float(runs["output_tokens_per_s"].std()),
     )
+    for column in SERVER_COLUMNS:  # Triton's own account of where a request's admission time went
+        if column in records:
+            row[column] = float(records[column].mean())
     return row
 
 
@@ -509,6 +513,16 @@ async def start_direct_engine(settings: dict):
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
 
 
+def engine_event_loop() -> asyncio.AbstractEventLoop:
+    """The direct engine's loop: uvloop when installed, as vLLM's own server runs AsyncLLM (the ceiling must
+    not carry a slower event loop than the servers measured against it)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def _redirect_output(log_path: str) -> None:
     """Send this process's stdout and stderr (the engine's logs, its children's too) to a log file."""
     handle = open(log_path, "ab", buffering=0)
@@ -519,7 +533,7 @@ def _redirect_output(log_path: str) -> None:
 def worker_main(worker: int, inbox, outbox, engine_setup: dict | None) -> None:
     """A worker process: one asyncio loop kept for its whole life (AsyncLLM binds to the loop it first runs
     on), one share at a time from ``inbox``; progress, results and tracebacks go to ``outbox``."""
-    loop = asyncio.new_event_loop()
+    loop = engine_event_loop() if engine_setup is not None else asyncio.new_event_loop()  # grpc.aio wants asyncio's
     asyncio.set_event_loop(loop)
     engine = None
     try:
@@ -1003,6 +1017,36 @@ def run_level(
         return pool.run(shares, bar)
 
 
+def server_counters(endpoint: Endpoint) -> dict[str, int] | None:
+    """Triton's cumulative statistics of the model: ``queue`` and ``compute_infer`` counts and nanoseconds
+    (None for the other targets). Triton hands a decoupled model one request per ``execute`` and waits for it
+    to return, so queue time is how long requests waited for the backend to take them, and execute time how
+    long taking one took."""
+    if not endpoint.target.startswith("triton-"):
+        return None
+    if endpoint.target == "triton-grpc":
+        import tritonclient.grpc as client_module
+    else:
+        import tritonclient.http as client_module
+    with contextlib.closing(client_module.InferenceServerClient(endpoint.address)) as client:
+        kwargs = {"as_json": True} if endpoint.target == "triton-grpc" else {}
+        stats = client.get_inference_statistics(endpoint.model, **kwargs)["model_stats"][0]["inference_stats"]
+    # gRPC's JSON spells 64-bit integers as strings and leaves out zeros
+    return {f"{key}.{unit}": int(stats.get(key, {}).get(unit, 0)) for key in ("queue", "compute_infer") for unit in ("count", "ns")}
+
+
+def server_time_columns(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float]:
+    """Mean queue and execute time per request between two `server_counters` readings, in ms."""
+    if before is None or after is None:
+        return {}
+    columns = {}
+    for key, name in (("queue", "server_queue_ms"), ("compute_infer", "server_execute_ms")):
+        count = after[f"{key}.count"] - before[f"{key}.count"]
+        spent = after[f"{key}.ns"] - before[f"{key}.ns"]
+        columns[name] = spent / count / 1e6 if count > 0 else float("nan")
+    return columns
+
+
 def sweep_target(pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: PromptCounter, levels_bar: tqdm) -> pd.DataFrame:
     """Warm up (not recorded), then run every level ``plan.repeats`` times; one record per request."""
     target = endpoint.target
@@ -1015,8 +1059,10 @@ def sweep_target(pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: Prom
         for repeat in range(plan.repeats):
             desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             taken = prompts.take(plan.request_count(level))
+            before = server_counters(endpoint)
             streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
             columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
+            columns.update(server_time_columns(before, server_counters(endpoint)))
             frames.append(records_frame(streams, columns))
             levels_bar.update(1)
     return pd.concat(frames, ignore_index=True)

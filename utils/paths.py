@@ -31,5 +31,6 @@ def sample_repository() -> Path:
 
 
 def backend_source() -> Path:
-    """Our Python-based vLLM backend: ``backend/vllm/model.py``."""
-    return PROJECT_ROOT / "backend" / "vllm"
+    """Our Python-based vLLM backend: ``backend/vllm/model.py``; ``TUTORIAL_BACKEND_DIR`` serves another
+    folder instead (to benchmark two versions of the backend on one machine)."""
+    return Path(os.environ.get("TUTORIAL_BACKEND_DIR", PROJECT_ROOT / "backend" / "vllm")).resolve()

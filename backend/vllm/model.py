@@ -10,6 +10,14 @@ request's next output: under light load every token is its own response, under h
 several tokens, and no response ever waits in a queue. Sending from worker threads instead costs two GIL
 hand-offs per response, and each one waits for the busy loop thread to yield the GIL (up to Python's 5 ms
 switch interval): that capped the responses per second of the whole model and delayed first tokens.
+
+Admission has the same hazard. Triton hands a decoupled Python model one request per ``execute`` and waits
+for ``execute`` to return before it hands over the next, and ``execute`` runs on the stub's main thread,
+which must first win the GIL from the busy loop thread: with Python's default 5 ms switch interval that
+capped admissions near 200 per second, and at 256 concurrent streams requests queued in Triton for most of
+their time to first token. The backend therefore shortens the switch interval (a waiting thread gets the GIL
+within ``GIL_SWITCH_INTERVAL_S``) and runs the loop on uvloop when it is installed (as vLLM's own server
+does), which leaves the loop thread fewer GIL-holding cycles per token.
 """
 
 from __future__ import annotations
@@ -31,9 +39,11 @@ _use_utf8_locale()
 
 import asyncio  # noqa: E402
 import concurrent.futures  # noqa: E402
+import functools  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
@@ -88,15 +98,27 @@ CANCEL_POLL_S = 0.25
 HEALTH_POLL_S = 0.5
 READY_WAIT_S = 2.0
 UNLOADING = "the model is being unloaded"
+GIL_SWITCH_INTERVAL_S = 0.0005  # how long execute's thread may wait for the GIL behind the loop thread
 
 
 class BadRequest(ValueError):
     """A client error: answered with INVALID_ARG, the server keeps serving."""
 
 
-def allowed_sampling_keys() -> list[str]:
+@functools.cache
+def allowed_sampling_keys() -> tuple[str, ...]:
+    """Computed once: every request's keys are checked against it on execute's thread."""
     names = msgspec.structs.fields(SamplingParams)
-    return sorted({f.name for f in names if not f.name.startswith("_")} - INTERNAL_SAMPLING_FIELDS | REQUEST_ONLY_KEYS)
+    return tuple(sorted({f.name for f in names if not f.name.startswith("_")} - INTERNAL_SAMPLING_FIELDS | REQUEST_ONLY_KEYS))
+
+
+def new_event_loop() -> tuple[asyncio.AbstractEventLoop, str]:
+    """uvloop when installed (vLLM's own server runs AsyncLLM on it), else asyncio's loop; and its name."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop(), "asyncio"
+    return uvloop.new_event_loop(), f"uvloop {uvloop.__version__}"
 
 
 @dataclass
@@ -109,13 +131,13 @@ class ParsedRequest:
     wants: dict[str, bool] = field(default_factory=dict)
 
 
-def _tensor(request, name: str):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
+def input_arrays(request) -> dict[str, np.ndarray]:
+    """Every input of a request, read once (each ``request.inputs()`` call wraps them all anew)."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
 
 
-def _bool_input(request, name: str) -> bool:
-    value = _tensor(request, name)
+def _bool_input(inputs: dict[str, np.ndarray], name: str) -> bool:
+    value = inputs.get(name)
     if value is None or value.size == 0:
         return False
     if value.dtype != np.bool_:
@@ -123,8 +145,8 @@ def _bool_input(request, name: str) -> bool:
     return bool(value.reshape(-1)[0])
 
 
-def _text_input(request) -> str:
-    value = _tensor(request, "text_input")
+def _text_input(inputs: dict[str, np.ndarray]) -> str:
+    value = inputs.get("text_input")
     if value is None or value.size == 0:
         raise BadRequest("'text_input' is required: the prompt as one UTF-8 string")
     raw = value.reshape(-1)[0]
@@ -139,10 +161,10 @@ def _text_input(request) -> str:
     return text
 
 
-def _sampling_input(request) -> dict:
+def _sampling_input(request, inputs: dict[str, np.ndarray]) -> dict:
     """Sampling parameters from the ``sampling_parameters`` JSON input, then from request parameters."""
     merged: dict = {}
-    value = _tensor(request, "sampling_parameters")
+    value = inputs.get("sampling_parameters")
     if value is not None and value.size:
         raw = value.reshape(-1)[0]
         raw = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
@@ -161,11 +183,12 @@ def _sampling_input(request) -> dict:
 
 def parse_request(request) -> ParsedRequest:
     """Everything about one request that can be checked before the engine sees it."""
-    prompt = _text_input(request)
-    flags = {name: _bool_input(request, name) for name in BOOL_INPUTS}
-    sampling = _sampling_input(request)
+    inputs = input_arrays(request)
+    prompt = _text_input(inputs)
+    flags = {name: _bool_input(inputs, name) for name in BOOL_INPUTS}
+    sampling = _sampling_input(request, inputs)
     allowed = allowed_sampling_keys()
-    unknown = sorted(set(sampling) - set(allowed))
+    unknown = sorted(set(sampling).difference(allowed))
     if unknown:
         raise BadRequest(f"unknown sampling parameter(s) {unknown}; allowed: {', '.join(allowed)}")
     lora_name = sampling.pop("lora_name", None)
@@ -282,7 +305,8 @@ class TritonPythonModel:
         self.loras = self._lora_table(version_dir, engine_args)
         self._lora_ids = {name: i + 1 for i, name in enumerate(sorted(self.loras))}
 
-        self.loop = asyncio.new_event_loop()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.loop, loop_kind = new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name="vllm-loop", daemon=True)
         self._loop_thread.start()
         # readiness questions can wait seconds while Triton unloads us: their own thread, never the loop's
@@ -300,7 +324,7 @@ class TritonPythonModel:
         self._on_loop(self._start_watchers(), timeout=30)
         self.logger.log_info(
             f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
-            f"default max_tokens=16 (set 'max_tokens' per request)"
+            f"default max_tokens=16 (set 'max_tokens' per request); event loop: {loop_kind}"
         )
 
     def _make_stat_logger(self, vllm_config, engine_index: int = 0):
