@@ -2,7 +2,7 @@
 # The GPU session, one phase per call of the device tool (each call <10 min; results land in $OUT).
 # Prerequisite: the gpu-kit parts copied to /tmp/gpu-parts (../shared/gpu-kit/README.md).
 #   setup      build /tmp/gpu-env from the kit, print versions and the GPU
-#   bench      the benchmark of record: four targets in one run, concurrency 1/16/64/256, 128 tokens,
+#   bench      the benchmark of record: four targets in one run (HTTP first on the fresh server), concurrency 1/16/64/256, 128 tokens,
 #              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
 #   tests      `make serve` (a background Triton that outlives the call), then pytest tests/ on it
 #   notebooks  pytest --nbmake notebooks/ (default, full parameters) on that server, then `make stop`
@@ -53,7 +53,8 @@ case "${1:-}" in
     done
     ;;
   bench)
-    timeout "${BENCH_LIMIT_S:-500}" $PY -m utils.bench --targets triton-grpc,triton-http,vllm-openai,direct \
+    make stop PYTHON=$PY >/dev/null 2>&1  # the tests phase's background server: the benchmark starts its own
+    timeout "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
       --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration 8 --repeats 2 \
       --out "$TUTORIAL_HOME/h200" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" | tee "$OUT/bench.log"
     for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/h200/$f" "$OUT/bench-$f"; done
