@@ -55,7 +55,7 @@ case "${1:-}" in
   bench)
     make stop PYTHON=$PY >/dev/null 2>&1  # the tests phase's background server: the benchmark starts its own
     timeout "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
-      --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration 8 --repeats 2 \
+      --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
       --out "$TUTORIAL_HOME/h200" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" | tee "$OUT/bench.log"
     for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/h200/$f" "$OUT/bench-$f"; done
     pack "$TUTORIAL_HOME/h200" h200

@@ -1,6 +1,7 @@
 """The embedded Triton server: readiness, a real generate call, refusal to double-start, clean stops."""
 
 import json
+import re
 import urllib.request
 
 import pytest
@@ -62,3 +63,21 @@ def test_docker_command_is_the_ngc_one():
 def test_missing_repository_is_a_clear_error(tmp_path):
     with pytest.raises(srv.ServerError, match="does not exist"):
         srv.TritonServer(tmp_path / "missing")
+
+
+def test_engine_batch_is_sized_like_vllms_own_server(triton):
+    """model.json's max_num_seqs wins (8 on CPU); without one the backend asks vLLM for its server's sizes
+    (an engine built outside vLLM's server gets 128 sequences whatever the GPU)."""
+    if triton.server is None:
+        pytest.skip("the server was started elsewhere: its log is not ours to read")
+    from utils.repository import device_engine_defaults, read_engine_args
+
+    log = triton.server.log_path.read_text(errors="replace")
+    reported = re.search(r"ready: .* max_num_seqs=(\d+) max_num_batched_tokens=(\d+)", log)
+    assert reported, "the backend's ready line reports the engine's batch limits"
+    settings = read_engine_args(triton.server.model_repository / "vllm_model" / "1" / "model.json")
+    expected = settings.get("max_num_seqs", device_engine_defaults().get("max_num_seqs"))
+    if expected is not None:
+        assert int(reported.group(1)) == expected
+    else:
+        assert int(reported.group(1)) >= 256 and int(reported.group(2)) >= 2048  # vLLM's server sizes on a GPU

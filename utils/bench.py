@@ -507,10 +507,12 @@ def auto_workers(streams: float, cpus: int | None = None) -> int:
 
 # ---- worker processes ---------------------------------------------------------------------------------------
 async def start_direct_engine(settings: dict):
+    """The engine as Triton's backend and vLLM's server build it (the server's usage context sizes the batch)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings), usage_context=UsageContext.OPENAI_API_SERVER)
 
 
 def engine_event_loop() -> asyncio.AbstractEventLoop:

@@ -57,6 +57,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from vllm.usage.usage_lib import UsageContext  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 from vllm.v1.engine.exceptions import EngineDeadError  # noqa: E402
 
@@ -321,9 +322,11 @@ class TritonPythonModel:
             stat_loggers = [self._make_stat_logger]
         self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
         self.max_model_len = self.engine.model_config.max_model_len
+        scheduler = self.engine.vllm_config.scheduler_config
         self._on_loop(self._start_watchers(), timeout=30)
         self.logger.log_info(
             f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
+            f"max_num_seqs={scheduler.max_num_seqs} max_num_batched_tokens={scheduler.max_num_batched_tokens} "
             f"default max_tokens=16 (set 'max_tokens' per request); event loop: {loop_kind}"
         )
 
@@ -372,7 +375,10 @@ class TritonPythonModel:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start_engine(self, engine_args: AsyncEngineArgs, stat_loggers) -> AsyncLLM:
-        return AsyncLLM.from_engine_args(engine_args, stat_loggers=stat_loggers)
+        """A server's engine: vLLM sizes the batch by usage context, and an engine built outside its own
+        server gets 128 sequences and 2048 tokens per step whatever the GPU (1024 and 8192 for vLLM's server
+        on an H200): at 256 streams half the requests would wait for a slot. model.json's values still win."""
+        return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers)
 
     async def _start_watchers(self) -> None:
         self._watchers = [asyncio.create_task(self._watch_cancellations()), asyncio.create_task(self._watch_health())]
