@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import gc
 import itertools
 import json
 import math
@@ -543,6 +544,8 @@ def worker_main(worker: int, inbox, outbox, engine_setup: dict | None) -> None:
             _redirect_output(engine_setup["log_path"])
             os.environ.update(engine_setup["env"])
             engine = loop.run_until_complete(start_direct_engine(engine_setup["settings"]))
+            gc.collect()
+            gc.freeze()  # as vLLM's server and our backend do once the engine is up
         outbox.put(("ready", worker, None))
         while (share := inbox.get()) is not None:
             try:

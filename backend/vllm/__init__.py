@@ -1,0 +1,1 @@
+"""Our Triton Python-based vLLM backend, imported by ``model.py`` as the package ``vllm_backend``."""

@@ -1,0 +1,535 @@
+"""The work of our Triton Python-based vLLM backend (``backend: "vllm"``; model.py is the entry point).
+
+Design, in one paragraph: Triton's stub calls ``execute`` on its main thread; we validate each request
+there (bad input is answered at once with an INVALID_ARG error naming the field) and hand the valid ones
+to an asyncio loop on a thread of its own, where vLLM's ``AsyncLLM`` runs. Each request is one task that
+iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and sends every output it gets, inline, from
+the loop thread. ``send`` is an IPC round trip to the Triton process that releases the GIL while it waits;
+while it is in flight the loop does nothing else, so tokens generated meanwhile are merged by vLLM into the
+request's next output: under light load every token is its own response, under heavy load responses carry
+several tokens, and no response ever waits in a queue. Sending from worker threads instead costs two GIL
+hand-offs per response, and each one waits for the busy loop thread to yield the GIL (up to Python's 5 ms
+switch interval): that capped the responses per second of the whole model and delayed first tokens.
+
+Admission has the same hazard. Triton hands a decoupled Python model one request per ``execute`` and waits
+for ``execute`` to return before it hands over the next, and ``execute`` runs on the stub's main thread,
+which must first win the GIL from the busy loop thread: with Python's default 5 ms switch interval that
+capped admissions near 200 per second, and at 256 concurrent streams requests queued in Triton for most of
+their time to first token. The backend therefore shortens the switch interval (a waiting thread gets the GIL
+within ``GIL_SWITCH_INTERVAL_S``) and runs the loop on uvloop when it is installed (as vLLM's own server
+does), which leaves the loop thread fewer GIL-holding cycles per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import gc
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMValidationError
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from .checks import instance_kind_problem
+from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
+from .metrics import TritonStatLogger
+
+INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
+REQUEST_ONLY_KEYS = {"lora_name"}
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_POLL_S = 0.25
+HEALTH_POLL_S = 0.5
+READY_WAIT_S = 2.0
+UNLOADING = "the model is being unloaded"
+GIL_SWITCH_INTERVAL_S = 0.0005  # how long execute's thread may wait for the GIL behind the loop thread
+
+
+class BadRequest(ValueError):
+    """A client error: answered with INVALID_ARG, the server keeps serving."""
+
+
+@functools.cache
+def allowed_sampling_keys() -> tuple[str, ...]:
+    """Computed once: every request's keys are checked against it on execute's thread."""
+    names = msgspec.structs.fields(SamplingParams)
+    return tuple(sorted({f.name for f in names if not f.name.startswith("_")} - INTERNAL_SAMPLING_FIELDS | REQUEST_ONLY_KEYS))
+
+
+def freeze_startup_heap() -> None:
+    """What vLLM's own server does once it is up: the objects made at startup (the engine's, vLLM's and
+    torch's modules) move out of the collector's reach, so full collections while serving stay short."""
+    gc.collect()
+    gc.freeze()
+
+
+def new_event_loop() -> tuple[asyncio.AbstractEventLoop, str]:
+    """uvloop when installed (vLLM's own server runs AsyncLLM on it), else asyncio's loop; and its name."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop(), "asyncio"
+    return uvloop.new_event_loop(), f"uvloop {uvloop.__version__}"
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str
+    stream: bool
+    exclude_input: bool
+    sampling: dict
+    lora_name: str | None
+    wants: dict[str, bool] = field(default_factory=dict)
+
+
+def input_arrays(request) -> dict[str, np.ndarray]:
+    """Every input of a request, read once (each ``request.inputs()`` call wraps them all anew)."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+
+
+def _bool_input(inputs: dict[str, np.ndarray], name: str) -> bool:
+    value = inputs.get(name)
+    if value is None or value.size == 0:
+        return False
+    if value.dtype != np.bool_:
+        raise BadRequest(f"'{name}' must be BOOL, got {value.dtype}")
+    return bool(value.reshape(-1)[0])
+
+
+def _text_input(inputs: dict[str, np.ndarray]) -> str:
+    value = inputs.get("text_input")
+    if value is None or value.size == 0:
+        raise BadRequest("'text_input' is required: the prompt as one UTF-8 string")
+    raw = value.reshape(-1)[0]
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadRequest(f"'text_input' is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r})") from None
+    text = str(raw)
+    if not text.strip():
+        raise BadRequest("'text_input' is empty: send a non-empty prompt")
+    return text
+
+
+def _sampling_input(request, inputs: dict[str, np.ndarray]) -> dict:
+    """Sampling parameters from the ``sampling_parameters`` JSON input, then from request parameters."""
+    merged: dict = {}
+    value = inputs.get("sampling_parameters")
+    if value is not None and value.size:
+        raw = value.reshape(-1)[0]
+        raw = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+        if raw.strip():
+            try:
+                parsed = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise BadRequest(f"'sampling_parameters' is not valid JSON: {err.msg} at character {err.pos}") from None
+            if not isinstance(parsed, dict):
+                raise BadRequest("'sampling_parameters' must be a JSON object, e.g. {\"max_tokens\": 64}")
+            merged.update(parsed)
+    parameters = json.loads(request.parameters() or "{}")
+    merged.update(parameters)
+    return merged
+
+
+def parse_request(request) -> ParsedRequest:
+    """Everything about one request that can be checked before the engine sees it."""
+    inputs = input_arrays(request)
+    prompt = _text_input(inputs)
+    flags = {name: _bool_input(inputs, name) for name in BOOL_INPUTS}
+    sampling = _sampling_input(request, inputs)
+    allowed = allowed_sampling_keys()
+    unknown = sorted(set(sampling).difference(allowed))
+    if unknown:
+        raise BadRequest(f"unknown sampling parameter(s) {unknown}; allowed: {', '.join(allowed)}")
+    lora_name = sampling.pop("lora_name", None)
+    if lora_name is not None and not isinstance(lora_name, str):
+        raise BadRequest("'lora_name' must be a string")
+    return ParsedRequest(
+        prompt=prompt,
+        stream=flags["stream"],
+        exclude_input=flags["exclude_input_in_output"],
+        sampling=sampling,
+        lora_name=lora_name,
+        wants={key: flags[key] for key in OPTIONAL_OUTPUTS},
+    )
+
+
+def build_sampling_params(sampling: dict, stream: bool, max_model_len: int) -> SamplingParams:
+    """Type-check and range-check with vLLM's own rules; numeric strings are accepted (older clients send them)."""
+    if sampling.get("n", 1) not in (1, "1"):
+        raise BadRequest("'n' must be 1: send one request per completion")
+    try:
+        params = msgspec.convert(sampling, SamplingParams, strict=False)
+    except (msgspec.ValidationError, VLLMValidationError, ValueError, TypeError) as err:
+        raise BadRequest(f"invalid sampling parameters: {err}") from None
+    if params.max_tokens is not None and params.max_tokens > max_model_len:
+        raise BadRequest(f"'max_tokens' {params.max_tokens} exceeds the model's context of {max_model_len} tokens")
+    params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    return params
+
+
+def error_response(message: str, code=None) -> "pb_utils.InferenceResponse":
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+
+
+def _string_tensor(name: str, text: str) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+
+
+def logprobs_json(output) -> str:
+    """This response's tokens' logprobs: a list, one ``{token_id: {logprob, rank, decoded_token}}`` per token."""
+    entries = []
+    for position in output.logprobs or []:
+        entries.append(
+            {str(tok): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token} for tok, lp in position.items()}
+        )
+    return json.dumps(entries)
+
+
+class ResponseChannel:
+    """One request's response sender, used from the engine loop's thread only (so sends never overlap).
+
+    Nothing follows the final flag, and Triton's cancellation flag is never asked once the final response is
+    out (its response factory is freed then). ``release`` drops the sender as soon as the request is done, so
+    no stray reference (a traceback, a poll's list) keeps it alive until the interpreter exits: a sender that
+    dies after the stub has torn down its shared memory crashes the stub (seen with Triton 2.51).
+    """
+
+    def __init__(self, sender) -> None:
+        self._sender = sender
+        self.closed = False
+
+    def send(self, response, flags: int = 0) -> None:
+        if self.closed:
+            return
+        self.closed = bool(flags & FINAL)
+        self._sender.send(response, flags)
+
+    def close(self, response=None) -> None:
+        """The final response (or just the final flag); a client that is gone is not an error here."""
+        try:
+            self.send(response, FINAL)
+        except Exception as err:  # noqa: BLE001 - the stream is over either way
+            self.closed = True
+            pb_utils.Logger.log_warn(f"[vllm] could not close a stream: {err!r}")
+
+    def is_cancelled(self) -> bool:
+        return not self.closed and self._sender.is_cancelled()
+
+    def release(self) -> None:
+        self.closed, self._sender = True, None
+
+
+class VllmModel:
+    """What model.py's TritonPythonModel does: initialize (here, the constructor), execute, finalize."""
+
+    # ---- start -----------------------------------------------------------------------------------
+    def __init__(self, args) -> None:
+        self.logger = pb_utils.Logger
+        self.model_config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        self.model_version = args["model_version"]
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        engine_args = self._engine_args(version_dir / "model.json")
+        self._check_parallelism_fits_instance(args, self._engine_settings)
+        self.loras = self._lora_table(version_dir, engine_args)
+        self._lora_ids = {name: i + 1 for i, name in enumerate(sorted(self.loras))}
+
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.loop, loop_kind = new_event_loop()
+        self._loop_thread = threading.Thread(target=self._run_loop, name="vllm-loop", daemon=True)
+        self._loop_thread.start()
+        # readiness questions can wait seconds while Triton unloads us: their own thread, never the loop's
+        self._pollers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-poll")
+        self._tasks: dict[str, tuple[asyncio.Task, ResponseChannel]] = {}
+        self._dead: BaseException | None = None
+        self._accepting = True
+
+        self._stat_loggers: list = []
+        stat_loggers = None
+        if self._parameter("REPORT_CUSTOM_METRICS", "yes").lower() in ("yes", "true", "1"):
+            stat_loggers = [self._make_stat_logger]
+        self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
+        self.max_model_len = self.engine.model_config.max_model_len
+        scheduler = self.engine.vllm_config.scheduler_config
+        self._on_loop(self._start_watchers(), timeout=30)
+        freeze_startup_heap()
+        self.logger.log_info(
+            f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
+            f"max_num_seqs={scheduler.max_num_seqs} max_num_batched_tokens={scheduler.max_num_batched_tokens} "
+            f"default max_tokens=16 (set 'max_tokens' per request); event loop: {loop_kind}"
+        )
+
+    def _make_stat_logger(self, vllm_config, engine_index: int = 0):
+        labels = {"model": self.model_name, "version": str(self.model_version)}
+        self._stat_loggers.append(TritonStatLogger(labels, vllm_config, engine_index))
+        return self._stat_loggers[-1]
+
+    def _parameter(self, key: str, default: str) -> str:
+        value = self.model_config.get("parameters", {}).get(key, {}).get("string_value")
+        return default if value in (None, "") else value
+
+    def _check_parallelism_fits_instance(self, args, engine_settings: dict) -> None:
+        problem = instance_kind_problem(args.get("model_instance_kind", ""), engine_settings)
+        if problem:
+            raise pb_utils.TritonModelException(problem)
+
+    def _engine_args(self, path: Path) -> AsyncEngineArgs:
+        if not path.exists():
+            raise pb_utils.TritonModelException(f"{path} is missing: it holds vLLM's AsyncEngineArgs as JSON")
+        try:
+            settings = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise pb_utils.TritonModelException(f"{path} is not valid JSON: {err}") from None
+        known = set(AsyncEngineArgs.__dataclass_fields__)
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise pb_utils.TritonModelException(f"{path}: unknown AsyncEngineArgs key(s) {unknown}")
+        self._engine_settings = settings
+        return AsyncEngineArgs(**settings)
+
+    def _lora_table(self, version_dir: Path, engine_args: AsyncEngineArgs) -> dict[str, str]:
+        path = version_dir / "multi_lora.json"
+        if not engine_args.enable_lora:
+            return {}
+        if not path.exists():
+            raise pb_utils.TritonModelException(f"enable_lora is set but {path} (adapter name -> path) is missing")
+        table = json.loads(path.read_text())
+        return {name: str((version_dir / p).resolve()) if not os.path.isabs(p) else p for name, p in table.items()}
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def _on_loop(self, coro, timeout: float | None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start_engine(self, engine_args: AsyncEngineArgs, stat_loggers) -> AsyncLLM:
+        """A server's engine: vLLM sizes the batch by usage context, and an engine built outside its own
+        server gets 128 sequences and 2048 tokens per step whatever the GPU (1024 and 8192 for vLLM's server
+        on an H200): at 256 streams half the requests would wait for a slot. model.json's values still win."""
+        return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers)
+
+    async def _start_watchers(self) -> None:
+        self._watchers = [asyncio.create_task(self._watch_cancellations()), asyncio.create_task(self._watch_health())]
+
+    # ---- requests --------------------------------------------------------------------------------
+    def execute(self, requests):
+        """Validate on the stub's thread, generate on the loop's; never block on generation here."""
+        for request in requests:
+            sender = request.get_response_sender()
+            if self._dead is not None:
+                sender.send(error_response(self._dead_message(), pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+                continue
+            if not self._accepting:
+                sender.send(error_response("the model is shutting down", pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+                continue
+            try:
+                parsed = parse_request(request)
+                params = build_sampling_params(parsed.sampling, parsed.stream, self.max_model_len)
+                lora = self._lora_request(parsed.lora_name)
+            except BadRequest as err:
+                sender.send(error_response(str(err)), flags=FINAL)
+                continue
+            except Exception as err:  # noqa: BLE001 - never let one request's surprise reach Triton as a traceback
+                self.logger.log_error(f"[vllm] rejecting a request: {err!r}")
+                sender.send(error_response(f"cannot process the request: {err}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+                continue
+            request_id = f"{request.request_id() or 'triton'}-{uuid.uuid4().hex[:12]}"
+            self.loop.call_soon_threadsafe(self._begin, request_id, parsed, params, lora, sender)
+        return None
+
+    def _lora_request(self, name: str | None):
+        if name is None:
+            return None
+        if name not in self.loras:
+            known = ", ".join(sorted(self.loras)) or "none (enable_lora is off)"
+            raise BadRequest(f"unknown lora_name '{name}'; known adapters: {known}")
+        return LoRARequest(lora_name=name, lora_int_id=self._lora_ids[name], lora_path=self.loras[name])
+
+    def _begin(self, request_id, parsed, params, lora, sender) -> None:
+        channel = ResponseChannel(sender)
+        task = self.loop.create_task(self._generate(request_id, parsed, params, lora, channel))
+        self._tasks[request_id] = (task, channel)
+        task.add_done_callback(lambda _t: self._finished(request_id, channel))
+
+    def _finished(self, request_id: str, channel: ResponseChannel) -> None:
+        self._tasks.pop(request_id, None)
+        channel.release()
+
+    async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, channel) -> None:
+        prompt_prefix = "" if parsed.exclude_input else parsed.prompt
+        cumulative_text = ""
+        try:
+            if not await self._fits_context(parsed.prompt, params):
+                return channel.close(self._too_long(parsed.prompt, params))
+            async for output in self.engine.generate(parsed.prompt, params, request_id, lora_request=lora):
+                completion = output.outputs[0]
+                if parsed.stream:
+                    text, prompt_prefix = prompt_prefix + completion.text, ""
+                else:
+                    cumulative_text += completion.text
+                    text = prompt_prefix + cumulative_text
+                response = self._response(text, output, completion, parsed.wants)
+                channel.send(response, FINAL if output.finished else 0)
+        except asyncio.CancelledError as cancel:
+            if UNLOADING in cancel.args:  # tell the client why its stream stopped early
+                unloading = error_response(f"{UNLOADING}: request stopped", pb_utils.TritonError.UNAVAILABLE)
+                return channel.close(unloading)
+            channel.close()  # the client went away: close the stream (the engine has aborted it)
+        except EngineDeadError as err:
+            channel.close(error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE))
+        except (ValueError, VLLMValidationError) as err:  # vLLM's own input checks
+            channel.close(error_response(str(err)))
+        except Exception as err:  # noqa: BLE001 - any other failure still closes the stream with a reason
+            self.logger.log_error(f"[vllm] request {request_id} failed: {err!r}")
+            channel.close(error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL))
+
+    async def _fits_context(self, prompt: str, params: SamplingParams) -> bool:
+        """Prompt plus max_tokens must fit the context; tokenizing is skipped when bytes already bound it."""
+        budget = self.max_model_len - (params.max_tokens or 0)
+        if len(prompt.encode("utf-8")) + 8 <= budget:
+            return True
+        tokenizer = self.engine.get_tokenizer()
+        return len(tokenizer.encode(prompt)) <= budget
+
+    def _too_long(self, prompt: str, params: SamplingParams):
+        count = len(self.engine.get_tokenizer().encode(prompt))
+        return error_response(
+            f"prompt ({count} tokens) + 'max_tokens' ({params.max_tokens}) exceeds the model's context of "
+            f"{self.max_model_len} tokens"
+        )
+
+    def _response(self, text: str, output, completion, wants: dict[str, bool]):
+        tensors = [_string_tensor("text_output", text)]
+        if wants["return_finish_reason"]:
+            tensors.append(_string_tensor("finish_reason", str(completion.finish_reason or "")))
+        if wants["return_cumulative_logprob"]:
+            value = completion.cumulative_logprob if completion.cumulative_logprob is not None else float("nan")
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([value], dtype=np.float32)))
+        if wants["return_logprobs"]:
+            tensors.append(_string_tensor("logprobs", logprobs_json(completion)))
+        if wants["return_num_input_tokens"]:
+            count = len(output.prompt_token_ids or [])
+            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([count], dtype=np.uint32)))
+        if wants["return_num_output_tokens"]:
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(completion.token_ids)], dtype=np.uint32)))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    # ---- watchers --------------------------------------------------------------------------------
+    async def _watch_cancellations(self) -> None:
+        """Poll Triton's cancellation flag of in-flight requests: one IPC round trip each, on the loop like sends."""
+        while True:
+            await asyncio.sleep(CANCEL_POLL_S)
+            self._cancel_abandoned()
+
+    def _cancel_abandoned(self) -> None:
+        # a function of its own, so no local variable keeps a finished request's sender alive between polls
+        for task, channel in list(self._tasks.values()):
+            if not task.done() and channel.is_cancelled():
+                task.cancel()
+
+    async def _watch_health(self) -> None:
+        """Notice a dead engine or a pending unload at once (Triton gives a Python model no other signal).
+
+        A dead engine: fail what is in flight, refuse new work, take the model offline. An unload (or a
+        server shutdown): Triton waits for in-flight requests before it calls finalize, so long streams
+        would hold it for minutes; once Triton reports this model not ready, they are stopped instead.
+        """
+        seen_ready = False
+        while self._dead is None:
+            await asyncio.sleep(HEALTH_POLL_S)
+            if self.engine.errored:
+                self._dead = self.engine.dead_error
+                self.logger.log_error(f"[vllm] engine died: {self._dead!r}; unloading {self.model_name}")
+                threading.Thread(target=self._unload_self, daemon=True).start()
+                return
+            ready = await self.loop.run_in_executor(self._pollers, self._ask_ready)
+            seen_ready = seen_ready or bool(ready)
+            if seen_ready and not ready and self._accepting:
+                self.logger.log_info(f"[vllm] {self.model_name} is being unloaded (ready: {ready}): stopping {len(self._tasks)} request(s)")
+                self._accepting = False
+                for task, _ in list(self._tasks.values()):
+                    task.cancel(UNLOADING)
+                return  # no more readiness requests: the server is busy unloading us
+
+    def _ask_ready(self) -> bool | None:
+        """Triton's readiness of this model; None when the server does not answer within READY_WAIT_S.
+
+        While Triton unloads this model, a readiness request can wait on the unload itself, which waits on
+        finalize: the question is asked from a thread nobody joins, and no answer means "being unloaded".
+        """
+        answer: dict[str, bool] = {}
+        asker = threading.Thread(target=lambda: answer.setdefault("ready", pb_utils.is_model_ready(self.model_name)), daemon=True)
+        asker.start()
+        asker.join(READY_WAIT_S)
+        return answer.get("ready")
+
+    def _dead_message(self) -> str:
+        return (
+            f"vLLM engine of '{self.model_name}' died ({self._dead}); the model is being unloaded. "
+            f"Reload it: POST /v2/repository/models/{self.model_name}/load"
+        )
+
+    def _unload_self(self) -> None:
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as err:  # noqa: BLE001 - not in explicit model-control mode: requests still fail fast
+            self.logger.log_warn(f"[vllm] could not unload {self.model_name} after the engine died: {err}")
+
+    # ---- stop ------------------------------------------------------------------------------------
+    def finalize(self):
+        """Abort what is in flight (each stream gets its final flag), stop the engine, the loop, the pool."""
+        self._accepting = False
+        self._on_loop(self._stop_watchers(), timeout=10)
+        self._pollers.shutdown(wait=True)  # polls end within READY_WAIT_S: none may run during teardown
+        grace = float(self._parameter("shutdown_grace_seconds", "5"))
+        try:
+            self._on_loop(self._drain(grace), timeout=grace + 30)
+        except Exception as err:  # noqa: BLE001 - finalize must always get to shutting the engine down
+            self.logger.log_warn(f"[vllm] draining failed: {err!r}")
+        self.engine.shutdown()
+        for stat_logger in self._stat_loggers:
+            stat_logger.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=10)
+        self._release_senders()
+
+    def _release_senders(self) -> None:
+        """Free every response sender now, while the stub's shared memory still exists."""
+        for _, channel in self._tasks.values():
+            channel.release()
+        self._tasks.clear()
+        self._watchers = []
+        gc.collect()
+
+    async def _drain(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        tasks = [task for task, _ in self._tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stop_watchers(self) -> None:
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
