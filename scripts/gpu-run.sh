@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session, one phase per call of the device tool (each call <10 min; results land in $OUT).
-# Prerequisite: the gpu-kit parts copied to /tmp/gpu-parts (../shared/gpu-kit/README.md).
+# Prerequisite: the gpu-kit parts copied to /tmp/gpu-parts (../shared/gpu-kit/README.md), built with
+# EXTRA_PINS="papermill==2.7.0" (the notebook-structure tests and `make tutorial` import it; the kit lacks it).
 #   setup      build /tmp/gpu-env from the kit, print versions and the GPU
 #   bench      the benchmark of record: four targets in one run (HTTP first on the fresh server), concurrency 1/16/64/256, 128 tokens,
 #              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
@@ -32,7 +33,7 @@ case "${1:-}" in
   setup)
     bash /tmp/gpu-parts/device-setup.sh 2>&1 | tail -5
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    $PY -c "import vllm, torch, numpy, uvloop; print('vllm', vllm.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__, 'uvloop', uvloop.__version__)"
+    $PY -c "import vllm, torch, numpy, uvloop, papermill; print('vllm', vllm.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__, 'uvloop', uvloop.__version__)"
     time make setup PYTHON=$PY
     ;;
   compare)
