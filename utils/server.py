@@ -82,10 +82,15 @@ def engine_environment(tmp_dir: Path) -> dict[str, str]:
 
     FlashInfer's top-k/top-p sampler is off unless asked for: its kernels are compiled on first use, which
     took 88 of the 142 s of a first start on a fresh H200 (vLLM 0.26); PyTorch's sampler needs no compile,
-    and greedy decoding uses neither."""
+    and greedy decoding uses neither.
+
+    The engine's process is spawned, as vLLM's own server does (its CLI sets this; as a library vLLM forks):
+    forking would copy Triton's stub, threads and all, into the engine process, and the benchmark would
+    compare engines started two ways. On CPU the start takes as long either way (32-35 s)."""
     cache = paths.runs_dir() / "cache"
     return {
         "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0"),
+        "VLLM_WORKER_MULTIPROC_METHOD": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn"),
         "TMPDIR": str(tmp_dir),
         "VLLM_RPC_BASE_PATH": str(tmp_dir),
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
