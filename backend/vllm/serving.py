@@ -6,8 +6,8 @@ thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM
 request is one task that iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and merges every
 output into the request's pending response (text, token count, logprobs); it sends nothing itself. One
 sender task sends the requests that have something pending, one response each, in turn, and lets the loop
-run between two sends. ``send`` is an IPC round trip to the Triton process (about 0.15 ms through HTTP on
-an H200, more through gRPC), so at 256 streams a turn takes tens of milliseconds; meanwhile the engine's
+run between two sends. ``send`` is an IPC round trip to the Triton process (about 0.17 ms through HTTP on
+an H200, 0.29 ms through gRPC), so at 256 streams a turn takes tens of milliseconds; meanwhile the engine's
 next outputs are merged into the pending responses, and the next turn carries them all. Sending from each
 request's task instead, once per engine output, tied the engine's pace to 256 round trips per step (vLLM
 yields to the waiting consumers after every 128 outputs): one token per response, 43 ms between tokens.
