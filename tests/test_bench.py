@@ -317,11 +317,9 @@ def check_outputs(out, summary, targets, levels, max_tokens, requests, repeats):
     indices = {t: sorted(g["index"]) for t, g in records.groupby("target")}
     assert all(v == indices[targets[0]] for v in indices.values()) and min(indices[targets[0]]) > 0
     environment = json.loads((out / "environment.json").read_text())
-    from utils.repository import has_gpu
+    from utils.repository import device_engine_defaults, has_gpu
 
     assert environment["device"] == ("GPU" if has_gpu() else "CPU") and environment["versions"]["vllm"] and environment["cpu_count"]
-    from utils.repository import device_engine_defaults
-
     assert environment["engine_args"].get("max_num_seqs") == device_engine_defaults().get("max_num_seqs")  # 8 on CPU
     for name in ("throughput.png", "ttft.png", "itl.png", "cdf_e2e.png", "cdf_ttft.png"):
         assert (out / name).stat().st_size > 1000, name

@@ -205,7 +205,8 @@ class PendingResponse:
     prompt_tokens: int = 0
     final: bool = False
 
-    def add(self, text: str, output, completion, want_logprobs: bool) -> None:
+    def add(self, text: str, output, want_logprobs: bool) -> None:
+        completion = output.outputs[0]
         self.text += text
         self.tokens += len(completion.token_ids)
         if want_logprobs:
@@ -283,7 +284,7 @@ class VllmModel:
         self._loop_thread.start()
         # readiness questions can wait seconds while Triton unloads us: their own thread, never the loop's
         self._pollers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-poll")
-        self._tasks: dict[str, RequestStream] = {}
+        self._streams: dict[str, RequestStream] = {}
         self._ready: collections.OrderedDict[str, RequestStream] = collections.OrderedDict()  # pending, in turn
         self._dead: BaseException | None = None
         self._accepting = True
@@ -395,11 +396,11 @@ class VllmModel:
     def _begin(self, request_id, parsed, params, lora, sender) -> None:
         stream = RequestStream(ResponseChannel(sender), parsed.wants)
         stream.task = self.loop.create_task(self._generate(request_id, parsed, params, lora, stream))
-        self._tasks[request_id] = stream
+        self._streams[request_id] = stream
         stream.task.add_done_callback(lambda _t: self._finished(request_id, stream))
 
     def _finished(self, request_id: str, stream: RequestStream) -> None:
-        self._tasks.pop(request_id, None)
+        self._streams.pop(request_id, None)
         self._ready.pop(request_id, None)
         stream.channel.release()
 
@@ -413,11 +414,9 @@ class VllmModel:
                 return channel.close(self._too_long(parsed.prompt, params))
             finished = False
             async for output in self.engine.generate(parsed.prompt, params, request_id, lora_request=lora):
-                stream.pending.add(prompt_prefix + output.outputs[0].text, output, output.outputs[0], want_logprobs)
+                stream.pending.add(prompt_prefix + output.outputs[0].text, output, want_logprobs)
                 prompt_prefix, finished = "", output.finished
-                if request_id not in self._ready:
-                    self._ready[request_id] = stream
-                    self._has_ready.set()
+                self._queue_for_sending(request_id, stream)
             if not finished:  # the engine ended the request without a final output
                 return channel.close(error_response("the engine ended the request early", pb_utils.TritonError.INTERNAL))
             await stream.delivered.wait()
@@ -448,6 +447,12 @@ class VllmModel:
             f"prompt ({count} tokens) + 'max_tokens' ({params.max_tokens}) exceeds the model's context of "
             f"{self.max_model_len} tokens"
         )
+
+    def _queue_for_sending(self, request_id: str, stream: RequestStream) -> None:
+        """Join the end of the sending queue, unless already waiting there (then the output just merges)."""
+        if request_id not in self._ready:
+            self._ready[request_id] = stream
+            self._has_ready.set()
 
     async def _send_in_turn(self) -> None:
         """The only place streams are sent: each request with something pending gets one response, in turn,
@@ -494,7 +499,7 @@ class VllmModel:
 
     def _cancel_abandoned(self) -> None:
         # a function of its own, so no local variable keeps a finished request's sender alive between polls
-        for stream in list(self._tasks.values()):
+        for stream in list(self._streams.values()):
             if not stream.task.done() and stream.channel.is_cancelled():
                 stream.task.cancel()
 
@@ -516,9 +521,9 @@ class VllmModel:
             ready = await self.loop.run_in_executor(self._pollers, self._ask_ready)
             seen_ready = seen_ready or bool(ready)
             if seen_ready and not ready and self._accepting:
-                self.logger.log_info(f"[vllm] {self.model_name} is being unloaded (ready: {ready}): stopping {len(self._tasks)} request(s)")
+                self.logger.log_info(f"[vllm] {self.model_name} is being unloaded (ready: {ready}): stopping {len(self._streams)} request(s)")
                 self._accepting = False
-                for stream in list(self._tasks.values()):
+                for stream in list(self._streams.values()):
                     stream.task.cancel(UNLOADING)
                 return  # no more readiness requests: the server is busy unloading us
 
@@ -566,18 +571,18 @@ class VllmModel:
 
     def _release_senders(self) -> None:
         """Free every response sender now, while the stub's shared memory still exists."""
-        for stream in self._tasks.values():
+        for stream in self._streams.values():
             stream.channel.release()
-        self._tasks.clear()
+        self._streams.clear()
         self._ready.clear()
         self._watchers, self._sending = [], None
         gc.collect()
 
     async def _drain(self, grace: float) -> None:
         deadline = time.monotonic() + grace
-        while self._tasks and time.monotonic() < deadline:
+        while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        tasks = [stream.task for stream in self._tasks.values()]
+        tasks = [stream.task for stream in self._streams.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
