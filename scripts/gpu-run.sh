@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU session, one phase per call of the device tool (each call <10 min; results land in $OUT).
 # Prerequisite: the gpu-kit parts copied to /tmp/gpu-parts (../shared/gpu-kit/README.md), built with
-# EXTRA_PINS="papermill==2.7.0" (the notebook-structure tests and `make tutorial` import it; the kit lacks it).
-#   setup      build /tmp/gpu-env from the kit, print versions and the GPU
+# EXTRA_PINS="uvloop==0.23.0 papermill==2.7.0 entrypoints==0.4.2 tenacity==9.2.1" (vLLM's server runs on
+# uvloop; the notebook-structure tests and `make tutorial` import papermill; the kit has none of them).
+#   setup      build /tmp/gpu-env from the kit, print versions and the GPU, `make setup` (bytecode), time vLLM's import, convert the model
 #   bench      the benchmark of record: four targets in one run (HTTP first on the fresh server), concurrency 1/16/64/256, 128 tokens,
 #              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
-#   tests      `make serve` (a background Triton that outlives the call), then pytest tests/ on it
-#   notebooks  pytest --nbmake notebooks/ (default, full parameters) on that server, then `make stop`
+#   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it)
+#   notebooks  `make serve` (a second start: compile caches warm), pytest --nbmake notebooks/ (full parameters)
+#              on that server, then `make stop`
 #   ab         the backend committed before (carried to /tmp/old-backend/vllm) against this one, both
 #              Triton protocols at concurrency 1/64/256, one run each on this machine
 #   compare    time to ready and throughput of vLLM's default (torch.compile + graphs) instead of our GPU
@@ -35,6 +37,9 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     $PY -c "import vllm, torch, numpy, uvloop, papermill; print('vllm', vllm.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__, 'uvloop', uvloop.__version__)"
     time make setup PYTHON=$PY
+    echo "vLLM's engine import, bytecode compiled:"; time $PY -c "from vllm.v1.engine.async_llm import AsyncLLM"
+    echo "the default model, converted once (the servers' starts then leave it out):"
+    time $PY -c "from utils.model import prepare_default_model; print(prepare_default_model(progress=False))"
     ;;
   compare)
     $PY -m utils.bench --targets triton-grpc --concurrency 1,64,256 --max-tokens 128 --prompt-tokens 100 \
@@ -54,7 +59,7 @@ case "${1:-}" in
     done
     ;;
   bench)
-    make stop PYTHON=$PY >/dev/null 2>&1  # the tests phase's background server: the benchmark starts its own
+    make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
     timeout "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
       --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
       --out "$TUTORIAL_HOME/h200" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" | tee "$OUT/bench.log"
@@ -63,19 +68,20 @@ case "${1:-}" in
     ;;
   tests)
     t0=$(date +%s)
-    make serve PYTHON=$PY 2>&1 | grep -v "Triton starting" | tail -3 | tee "$OUT/tests.log"
-    echo "background triton ready after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/tests.log"
-    export TUTORIAL_TRITON=$(shared_address)
-    timeout $(( ${TESTS_LIMIT_S:-560} - ($(date +%s) - t0) )) $PY -m pytest tests -p no:cacheprovider --tb=short \
-      --junitxml="$OUT/tests-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee -a "$OUT/tests.log"
+    timeout "${TESTS_LIMIT_S:-560}" $PY -m pytest tests -p no:cacheprovider --tb=short \
+      --junitxml="$OUT/tests-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee "$OUT/tests.log"
     echo "tests: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/tests.log"
-    cp "$TUTORIAL_HOME"/runs/serve-*/server.log "$OUT/serve-server.log"  # the cold start, with vLLM's timings
+    log=$(ls -t "$TUTORIAL_HOME"/runs/pytest-*/server.log | head -1)
+    cp "$log" "$OUT/tests-server.log"  # the machine's first start, with vLLM's timings
+    grep -o "ready: model=.*" "$log" | tee -a "$OUT/tests.log"
     ;;
   notebooks)
     t0=$(date +%s)
-    make status PYTHON=$PY | tee "$OUT/notebooks.log"
+    make serve PYTHON=$PY 2>&1 | grep -v "Triton starting" | tail -2 | tee "$OUT/notebooks.log"
+    echo "background triton ready after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
+    grep -o "ready: model=.*" "$TUTORIAL_HOME"/runs/serve-*/server.log | tee -a "$OUT/notebooks.log"
     export TUTORIAL_TRITON=$(shared_address)
-    timeout "${NOTEBOOKS_LIMIT_S:-540}" $PY -m pytest notebooks -p no:cacheprovider --tb=short --durations=0 \
+    timeout $(( ${NOTEBOOKS_LIMIT_S:-560} - ($(date +%s) - t0) )) $PY -m pytest notebooks -p no:cacheprovider --tb=short --durations=0 \
       --junitxml="$OUT/notebooks-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee -a "$OUT/notebooks.log"
     make stop PYTHON=$PY | tee -a "$OUT/notebooks.log"
     echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"

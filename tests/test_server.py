@@ -85,6 +85,17 @@ def test_engine_batch_is_sized_like_vllms_own_server(triton):
         assert int(reported.group(1)) >= 256 and int(reported.group(2)) >= 2048  # vLLM's server sizes on a GPU
 
 
+def test_ready_line_splits_the_start_into_import_and_engine(triton):
+    """The two parts of a cold start a user can act on: vLLM's import (bytecode) and the engine's start."""
+    if triton.server is None:
+        pytest.skip("the server was started elsewhere: its log is not ours to read")
+    log = triton.server.log_path.read_text(errors="replace")
+    split = re.search(r"ready: .* started in ([\d.]+) s \(vLLM import ([\d.]+) s, engine ([\d.]+) s\)", log)
+    assert split, "the backend's ready line reports how long the start took"
+    total, imported, engine = map(float, split.groups())
+    assert imported > 0 and engine > 0 and abs(total - imported - engine) <= 0.11
+
+
 def _triton_process(triton) -> psutil.Process:
     """The tritonserver process: ours when this session started it, else whoever listens on its HTTP port."""
     if triton.server is not None:

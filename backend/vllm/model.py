@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import locale
 import sys
+import time
 from pathlib import Path
 
 
@@ -44,9 +45,10 @@ class TritonPythonModel:
     auto_complete_config = staticmethod(auto_complete_config)
 
     def initialize(self, args):
+        started = time.perf_counter()
         from vllm_backend.serving import VllmModel  # vLLM is imported here, by the stub that serves
 
-        self.model = VllmModel(args)
+        self.model = VllmModel(args, import_s=time.perf_counter() - started)
 
     def execute(self, requests):
         return self.model.execute(requests)

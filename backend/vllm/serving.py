@@ -268,7 +268,9 @@ class VllmModel:
     """What model.py's TritonPythonModel does: initialize (here, the constructor), execute, finalize."""
 
     # ---- start -----------------------------------------------------------------------------------
-    def __init__(self, args) -> None:
+    def __init__(self, args, import_s: float) -> None:
+        """``import_s``: how long importing this module (vLLM with it) took; the ready line reports it with
+        the engine's start, the two parts of a cold start a user can act on (bytecode, compile caches)."""
         self.logger = pb_utils.Logger
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
@@ -293,7 +295,9 @@ class VllmModel:
         stat_loggers = None
         if self._parameter("REPORT_CUSTOM_METRICS", "yes").lower() in ("yes", "true", "1"):
             stat_loggers = [self._make_stat_logger]
+        engine_started = time.perf_counter()
         self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
+        engine_s = time.perf_counter() - engine_started
         self.max_model_len = self.engine.model_config.max_model_len
         scheduler = self.engine.vllm_config.scheduler_config
         self._on_loop(self._start_watchers(), timeout=30)
@@ -301,7 +305,8 @@ class VllmModel:
         self.logger.log_info(
             f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
             f"max_num_seqs={scheduler.max_num_seqs} max_num_batched_tokens={scheduler.max_num_batched_tokens} "
-            f"default max_tokens=16 (set 'max_tokens' per request); event loop: {loop_kind}"
+            f"default max_tokens=16 (set 'max_tokens' per request); event loop: {loop_kind}; "
+            f"started in {import_s + engine_s:.1f} s (vLLM import {import_s:.1f} s, engine {engine_s:.1f} s)"
         )
 
     def _make_stat_logger(self, vllm_config, engine_index: int = 0):
