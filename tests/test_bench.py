@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from utils import bench, plots
+from utils.repository import device_engine_defaults, has_gpu
 
 
 # ---- per-token inter-token latency ---------------------------------------------------------------------------
@@ -108,6 +109,14 @@ def test_summary_row_rates_percentiles_and_spread():
     itl = [100, 100, 100, 400, 400, 400, 400, 400]
     assert row["itl_p50_ms"] == pytest.approx(np.percentile(itl, 50))
     assert row["itl_p99_ms"] == pytest.approx(np.percentile(itl, 99))
+    assert row["tokens_per_response"] == pytest.approx(12 / 7)  # 12 tokens in 3 + 2 + 2 responses
+
+
+def test_a_stream_sent_at_once_shows_in_tokens_per_response():
+    """A server that holds a stream back and sends it whole: one response of 8 tokens, and no ITL sample."""
+    held_back = _level_records(0, [_stream(0, 0.0, [0.8], [8]), _stream(1, 0.1, [0.9], [8])])
+    row = bench.summarize(held_back).iloc[0]
+    assert row["tokens_per_response"] == pytest.approx(8.0) and math.isnan(row["itl_p50_ms"])
 
 
 def test_summary_starts_with_exactly_the_agreed_columns():
@@ -317,8 +326,6 @@ def check_outputs(out, summary, targets, levels, max_tokens, requests, repeats):
     indices = {t: sorted(g["index"]) for t, g in records.groupby("target")}
     assert all(v == indices[targets[0]] for v in indices.values()) and min(indices[targets[0]]) > 0
     environment = json.loads((out / "environment.json").read_text())
-    from utils.repository import device_engine_defaults, has_gpu
-
     assert environment["device"] == ("GPU" if has_gpu() else "CPU") and environment["versions"]["vllm"] and environment["cpu_count"]
     assert environment["engine_args"].get("max_num_seqs") == device_engine_defaults().get("max_num_seqs")  # 8 on CPU
     for name in ("throughput.png", "ttft.png", "itl.png", "cdf_e2e.png", "cdf_ttft.png"):
@@ -351,7 +358,9 @@ def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
     check_outputs(tmp_path, summary, ["vllm-openai", "direct"], 1, 8, 4, 1)
     assert not set(bench.SERVER_COLUMNS) & set(summary.columns)  # Triton's statistics only
     assert summary.attrs["out_dir"] == str(tmp_path.resolve())
-    assert "--max-num-seqs 8" in (tmp_path / "vllm-openai" / "command.txt").read_text()
+    command = (tmp_path / "vllm-openai" / "command.txt").read_text()
+    for key in device_engine_defaults():  # CPU: 8 sequences, float32; GPU: bf16, a share of its memory
+        assert f"--{key.replace('_', '-')}" in command, key
     assert "Application startup complete" in (tmp_path / "vllm-openai" / "server.log").read_text()
     assert (tmp_path / "direct" / "engine.log").stat().st_size > 0
     leftovers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
