@@ -5,6 +5,15 @@ VENV_PYTHON := .venv/bin/python
 PYTHON ?= $(VENV_PYTHON)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
+define BYTECODE_ONCE
+import compileall, pathlib, sysconfig
+lib = pathlib.Path(sysconfig.get_paths()["purelib"])
+stamp = lib / ".tutorial-bytecode"
+if not stamp.exists():
+    compileall.compile_dir(str(lib), quiet=2, workers=0)
+    stamp.touch()
+endef
+export BYTECODE_ONCE
 
 .PHONY: setup tutorial test serve stop status lab clean clean-env
 
@@ -13,9 +22,9 @@ ifeq ($(PYTHON),$(VENV_PYTHON))
 	bash scripts/setup-env.sh .venv
 else
 	@$(PYTHON) -c "import vllm, tritonclient, utils; print('using', __import__('sys').executable, '| vllm', vllm.__version__)"
-	@# bytecode for the environment's packages, as pip writes at install: an offline kit installed with
-	@# --no-compile leaves it to the first server start, whose stub then compiles vLLM's modules (a cold start's cost)
-	@$(PYTHON) -m compileall -qq -j 0 "$$($(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" || true
+	@# bytecode for the environment's packages, as pip writes at install, once (a stamp beside them): an offline
+	@# kit installed with --no-compile leaves it to the first server start, whose stub then compiles vLLM's modules
+	@$(PYTHON) -c "$$BYTECODE_ONCE" 2>/dev/null
 endif
 
 tutorial: setup

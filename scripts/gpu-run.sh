@@ -9,8 +9,9 @@
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it)
 #   notebooks  `make serve` (a second start: compile caches warm), pytest --nbmake notebooks/ (full parameters)
 #              on that server, then `make stop`
-#   ab         the backend committed before (carried to /tmp/old-backend/vllm) against this one, both
-#              Triton protocols at concurrency 1/64/256, one run each on this machine
+#   ab         another backend (carried to /tmp/old-backend/vllm, e.g. `git archive c75b295 backend/vllm`: the
+#              one-send-per-pass sender) against this one, both Triton protocols at concurrency 1/64/256, one
+#              run each on this machine; compare requests/s, TTFT and tokens_per_response
 #   compare    time to ready and throughput of vLLM's default (torch.compile + graphs) instead of our GPU
 #              default (no torch.compile, full CUDA graphs: the bench phase's figures), Triton gRPC at 1/64/256
 set -uo pipefail

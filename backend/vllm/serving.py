@@ -5,12 +5,14 @@ answered at once with an INVALID_ARG error naming the field) and hand the valid 
 thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM's ``AsyncLLM`` runs. Each
 request is one task that iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and merges every
 output into the request's pending response (text, token count, logprobs); it sends nothing itself. One
-sender task sends the requests that have something pending, one response each, in turn, and lets the loop
-run between two sends. ``send`` is an IPC round trip to the Triton process (about 0.17 ms through HTTP on
-an H200, 0.29 ms through gRPC), so at 256 streams a turn takes tens of milliseconds; meanwhile the engine's
-next outputs are merged into the pending responses, and the next turn carries them all. Sending from each
-request's task instead, once per engine output, tied the engine's pace to 256 round trips per step (vLLM
-yields to the waiting consumers after every 128 outputs): one token per response, 43 ms between tokens.
+sender task sends the requests that have something pending, one response each, in order of waiting, in
+turns: a turn lasts as long as has passed since the previous one ended, so under load sending and the
+engine's output processing share the loop half and half. ``send`` is an IPC round trip to the Triton
+process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the loop does nothing
+else; outputs made meanwhile merge into the pending responses and the next turn carries them. Two designs
+failed at 256 streams on an H200: a send per engine output from each request's task tied the engine to
+256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the loop
+fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process).
 """
 
 from __future__ import annotations
@@ -460,15 +462,25 @@ class VllmModel:
             self._has_ready.set()
 
     async def _send_in_turn(self) -> None:
-        """The only place streams are sent: each request with something pending gets one response, in turn,
-        and the loop runs between two sends, so outputs made meanwhile join the next response."""
+        """The only place streams are sent. A turn sends each request with something pending one response, in
+        order of waiting, for as long as has passed since the previous turn ended (at least one send): when
+        the engine's outputs keep the loop busy, sending and processing them share it half and half; when
+        the loop has nothing else to do, sending gets all of it. Outputs made during a turn join the next
+        response, so under load a response carries several tokens instead of the loop falling behind."""
+        turn_ended = time.perf_counter()
         while True:
-            await self._has_ready.wait()
-            self._has_ready.clear()
+            if not self._ready:
+                self._has_ready.clear()
+                await self._has_ready.wait()
+            started = time.perf_counter()
+            allowance = started - turn_ended
             while self._ready:
                 _, stream = self._ready.popitem(last=False)
                 self._deliver(stream)
-                await asyncio.sleep(0)
+                if time.perf_counter() - started >= allowance:
+                    break
+            turn_ended = time.perf_counter()
+            await asyncio.sleep(0)  # the loop's other work runs, and earns the next turn its allowance
 
     def _deliver(self, stream: RequestStream) -> None:
         pending, stream.pending = stream.pending, PendingResponse()
