@@ -44,6 +44,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from .checks import instance_kind_problem
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
+from .turns import send_one_turn
 
 INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
 REQUEST_ONLY_KEYS = {"lora_name"}
@@ -462,23 +463,14 @@ class VllmModel:
             self._has_ready.set()
 
     async def _send_in_turn(self) -> None:
-        """The only place streams are sent. A turn sends each request with something pending one response, in
-        order of waiting, for as long as has passed since the previous turn ended (at least one send): when
-        the engine's outputs keep the loop busy, sending and processing them share it half and half; when
-        the loop has nothing else to do, sending gets all of it. Outputs made during a turn join the next
-        response, so under load a response carries several tokens instead of the loop falling behind."""
+        """The only place streams are sent: turns as long as the time since the previous turn ended
+        (``turns.send_one_turn``), and the loop's other work runs between two turns."""
         turn_ended = time.perf_counter()
         while True:
             if not self._ready:
                 self._has_ready.clear()
                 await self._has_ready.wait()
-            started = time.perf_counter()
-            allowance = started - turn_ended
-            while self._ready:
-                _, stream = self._ready.popitem(last=False)
-                self._deliver(stream)
-                if time.perf_counter() - started >= allowance:
-                    break
+            send_one_turn(self._ready, self._deliver, allowance_s=time.perf_counter() - turn_ended)
             turn_ended = time.perf_counter()
             await asyncio.sleep(0)  # the loop's other work runs, and earns the next turn its allowance
 
