@@ -8,7 +8,9 @@ from collections import OrderedDict
 from typing import Callable
 
 
-def send_one_turn(ready: OrderedDict, deliver: Callable[[object], None], allowance_s: float, clock: Callable[[], float] = time.perf_counter) -> int:
+def send_one_turn(
+    ready: OrderedDict, deliver: Callable[[object], None], allowance_s: float, clock: Callable[[], float] = time.perf_counter
+) -> int:
     """Send the streams waiting in ``ready``, longest waiting first, one response each, until ``allowance_s``
     has been spent (at least one send). Returns how many were sent.
 
