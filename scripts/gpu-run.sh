@@ -12,8 +12,11 @@
 #   ab         another backend (carried to /tmp/old-backend/vllm, e.g. `git archive c75b295 backend/vllm`: the
 #              one-send-per-pass sender) against this one, both Triton protocols at concurrency 1/64/256, one
 #              run each on this machine; compare requests/s, TTFT and tokens_per_response
-#   compare    time to ready and throughput of vLLM's default (torch.compile + graphs) instead of our GPU
-#              default (no torch.compile, full CUDA graphs: the bench phase's figures), Triton gRPC at 1/64/256
+#   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
+#              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
+#              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
+#              ours = the GPU defaults (no torch.compile, full CUDA graphs), v1 = VLLM_USE_V2_MODEL_RUNNER=0 (no
+#              Triton-kernel warm-up), fork = VLLM_WORKER_MULTIPROC_METHOD=fork (no second import of vLLM)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # notebook kernels import utils
@@ -42,13 +45,28 @@ case "${1:-}" in
     echo "the default model, converted once (the servers' starts then leave it out):"
     time $PY -c "from utils.model import prepare_default_model; print(prepare_default_model(progress=False))"
     ;;
-  compare)
-    $PY -m utils.bench --targets triton-grpc --concurrency 1,64,256 --max-tokens 128 --prompt-tokens 100 \
-      --duration 8 --engine-overrides '{"optimization_level": 2, "compilation_config": {}}' \
-      --out "$TUTORIAL_HOME/compare-compiled" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" \
-      | tee "$OUT/compare-compiled.log"
-    cp "$TUTORIAL_HOME/compare-compiled/summary.csv" "$OUT/compare-compiled.csv"
-    grep -A3 startup_s "$TUTORIAL_HOME/compare-compiled/environment.json" | tee -a "$OUT/compare-compiled.log"
+  coldstart)
+    for variant in ${COLDSTART_VARIANTS:-ours v1 v1-fork}; do
+      home=/tmp/cold-$variant overrides=null settings=()
+      rm -rf "$home" && mkdir -p "$home" && ln -s "$TUTORIAL_HOME/models" "$home/models"
+      case $variant in
+        ours) ;;
+        v1) settings=(VLLM_USE_V2_MODEL_RUNNER=0) ;;
+        fork) settings=(VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
+        v1-fork) settings=(VLLM_USE_V2_MODEL_RUNNER=0 VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
+        compiled) overrides='{"optimization_level": 2, "compilation_config": {}}' ;;
+        *) echo "unknown variant $variant" >&2; continue ;;
+      esac
+      echo "== $variant: ${settings[*]} engine overrides $overrides" | tee -a "$OUT/coldstart.log"
+      env TUTORIAL_HOME="$home" "${settings[@]}" timeout "${COLDSTART_LIMIT_S:-300}" $PY -m utils.bench --targets triton-grpc \
+        --concurrency "${COLDSTART_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${COLDSTART_DURATION:-6}" --no-plots \
+        --engine-overrides "$overrides" --out "$home/bench" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" >> "$OUT/coldstart.log"
+      grep -ho "ready: model=.*" "$home"/bench/*/server.log | grep -o "started in.*" | tee -a "$OUT/coldstart.log"
+      cp "$home/bench/summary.csv" "$OUT/coldstart-$variant.csv" 2>/dev/null
+      $PY -c "import json, pandas as pd; e = json.load(open('$home/bench/environment.json')); s = pd.read_csv('$home/bench/summary.csv'); \
+print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).tolist(), '| ttft p50', s.ttft_p50_ms.round(1).tolist(), \
+'| itl p50', s.itl_p50_ms.round(2).tolist())" 2>&1 | tee -a "$OUT/coldstart.log"
+    done
     ;;
   ab)
     for variant in old new; do
@@ -88,5 +106,5 @@ case "${1:-}" in
     echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     ;;
   *)
-    echo "usage: $0 setup|bench|tests|notebooks|ab|compare" >&2; exit 2 ;;
+    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart" >&2; exit 2 ;;
 esac
