@@ -247,6 +247,15 @@ def same_setting(parsed, wanted) -> bool:
     return parsed == wanted or str(parsed) == str(wanted)
 
 
+def test_environment_records_the_vllm_variables_the_engines_get(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # a caller's choice: the V1 model runner
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    recorded = bench.environment_info({"model": "m"}, {})["engine_variables"]
+    assert recorded["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert recorded["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # ours, by default
+    assert "VLLM_CACHE_ROOT" not in recorded and all(k.startswith("VLLM_") for k in recorded)
+
+
 def test_engine_cli_flags_parse_back_into_the_same_engine_args():
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser

@@ -880,8 +880,17 @@ def environment_info(settings: dict, options: dict) -> dict[str, Any]:
         },
         "model": settings.get("model"),
         "engine_args": settings,
+        "engine_variables": engine_variables(),
         "benchmark": options,
     }
+
+
+def engine_variables() -> dict[str, str]:
+    """The ``VLLM_*`` settings the engines started here run with, ours and the caller's: two runs with the
+    same engine arguments can still differ by these (the model runner, the engine process's start method).
+    The paths among them say nothing about the run and are left out."""
+    merged = {**os.environ, **engine_environment(Path(tempfile.gettempdir()))}
+    return {k: v for k, v in sorted(merged.items()) if k.startswith("VLLM_") and k not in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
 
 
 # ---- records, files --------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ else; outputs made meanwhile merge into the pending responses and the next turn 
 failed at 256 streams on an H200: a send per engine output from each request's task tied the engine to
 256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the loop
 fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process).
+The turns, against it (H200, 256 streams): 6-8 tokens per response, TTFT p50 0.4 s, 24-41 % fewer req/s.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from .checks import instance_kind_problem
+from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
 from .turns import send_one_turn
@@ -299,6 +301,10 @@ class VllmModel:
         if self._parameter("REPORT_CUSTOM_METRICS", "yes").lower() in ("yes", "true", "1"):
             stat_loggers = [self._make_stat_logger]
         engine_started = time.perf_counter()
+        load_model_classes_here(
+            engine_args.hf_config_path or engine_args.model, trust_remote_code=engine_args.trust_remote_code,
+            revision=engine_args.revision,
+        )
         self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
         engine_s = time.perf_counter() - engine_started
         self.max_model_len = self.engine.model_config.max_model_len
