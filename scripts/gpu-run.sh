@@ -16,7 +16,9 @@
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
 #              ours = the GPU defaults (no torch.compile, full CUDA graphs), v1 = VLLM_USE_V2_MODEL_RUNNER=0 (no
-#              Triton-kernel warm-up), fork = VLLM_WORKER_MULTIPROC_METHOD=fork (no second import of vLLM)
+#              Triton-kernel warm-up), fork = VLLM_WORKER_MULTIPROC_METHOD=fork (no second import of vLLM);
+#              COLDSTART_TESTS="tests/test_client.py" also runs those tests on each variant (V1 + fork once
+#              answered two identical greedy requests with garbage: test_non_streaming_request_gets_one_response)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # notebook kernels import utils
@@ -63,6 +65,10 @@ case "${1:-}" in
         --engine-overrides "$overrides" --out "$home/bench" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" >> "$OUT/coldstart.log"
       grep -ho "ready: model=.*" "$home"/bench/*/server.log | grep -o "started in.*" | tee -a "$OUT/coldstart.log"
       cp "$home/bench/summary.csv" "$OUT/coldstart-$variant.csv" 2>/dev/null
+      if [ -n "${COLDSTART_TESTS:-}" ]; then  # does the variant still answer right? (V1 + fork once did not)
+        env TUTORIAL_HOME="$home" "${settings[@]}" timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=line $COLDSTART_TESTS 2>&1 \
+          | grep -v "Triton starting\|it/s\]\|s/it\]" | tail -6 | tee -a "$OUT/coldstart.log"
+      fi
       $PY -c "import json, pandas as pd; e = json.load(open('$home/bench/environment.json')); s = pd.read_csv('$home/bench/summary.csv'); \
 print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).tolist(), '| ttft p50', s.ttft_p50_ms.round(1).tolist(), \
 '| itl p50', s.itl_p50_ms.round(2).tolist())" 2>&1 | tee -a "$OUT/coldstart.log"
