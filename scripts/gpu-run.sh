@@ -32,6 +32,10 @@ shared_address() {  # the background server of `make serve`, as TUTORIAL_TRITON 
   $PY -c "import json; i=json.load(open('$TUTORIAL_HOME/runs/serve.json')); print(json.dumps({k: i[k] for k in ('host','http','grpc','metrics')}))"
 }
 
+without_progress() {  # progress bars redraw in place: in a log file they are thousands of lines
+  grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting"
+}
+
 pack() {  # pack a benchmark folder's results (not its server logs' bulk) into one file under $OUT
   local src=$1 name=$2
   tar -C "$src" -czf "$OUT/$name.tgz" --exclude='*/tmp' --exclude='*/backends' --exclude='*/model_repository' . 2>/dev/null
@@ -62,12 +66,12 @@ case "${1:-}" in
       echo "== $variant: ${settings[*]} engine overrides $overrides" | tee -a "$OUT/coldstart.log"
       env TUTORIAL_HOME="$home" "${settings[@]}" timeout "${COLDSTART_LIMIT_S:-300}" $PY -m utils.bench --targets triton-grpc \
         --concurrency "${COLDSTART_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${COLDSTART_DURATION:-6}" --no-plots \
-        --engine-overrides "$overrides" --out "$home/bench" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" >> "$OUT/coldstart.log"
+        --engine-overrides "$overrides" --out "$home/bench" 2>&1 | without_progress >> "$OUT/coldstart.log"
       grep -ho "ready: model=.*" "$home"/bench/*/server.log | grep -o "started in.*" | tee -a "$OUT/coldstart.log"
       cp "$home/bench/summary.csv" "$OUT/coldstart-$variant.csv" 2>/dev/null
       if [ -n "${COLDSTART_TESTS:-}" ]; then  # does the variant still answer right? (V1 + fork once did not)
         env TUTORIAL_HOME="$home" "${settings[@]}" timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=line $COLDSTART_TESTS 2>&1 \
-          | grep -v "Triton starting\|it/s\]\|s/it\]" | tail -6 | tee -a "$OUT/coldstart.log"
+          | without_progress | tail -6 | tee -a "$OUT/coldstart.log"
       fi
       $PY -c "import json, pandas as pd; e = json.load(open('$home/bench/environment.json')); s = pd.read_csv('$home/bench/summary.csv'); \
 print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).tolist(), '| ttft p50', s.ttft_p50_ms.round(1).tolist(), \
@@ -79,7 +83,7 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
       dir=$PWD/backend/vllm; [ "$variant" = old ] && dir=/tmp/old-backend/vllm
       TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency 1,64,256 \
         --max-tokens 128 --prompt-tokens 100 --duration 8 --no-plots --out "$TUTORIAL_HOME/ab-$variant" 2>&1 \
-        | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" | tee "$OUT/ab-$variant.log"
+        | without_progress | tee "$OUT/ab-$variant.log"
       cp "$TUTORIAL_HOME/ab-$variant/summary.csv" "$OUT/ab-$variant.csv"
     done
     ;;
@@ -87,14 +91,14 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
     timeout "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
       --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
-      --out "$TUTORIAL_HOME/h200" 2>&1 | grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting" | tee "$OUT/bench.log"
+      --out "$TUTORIAL_HOME/h200" 2>&1 | without_progress | tee "$OUT/bench.log"
     for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/h200/$f" "$OUT/bench-$f"; done
     pack "$TUTORIAL_HOME/h200" h200
     ;;
   tests)
     t0=$(date +%s)
     timeout "${TESTS_LIMIT_S:-560}" $PY -m pytest tests -p no:cacheprovider --tb=short \
-      --junitxml="$OUT/tests-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee "$OUT/tests.log"
+      --junitxml="$OUT/tests-junit.xml" 2>&1 | without_progress | tee "$OUT/tests.log"
     echo "tests: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/tests.log"
     log=$(ls -t "$TUTORIAL_HOME"/runs/pytest-*/server.log | head -1)
     cp "$log" "$OUT/tests-server.log"  # the machine's first start, with vLLM's timings
@@ -102,12 +106,12 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     ;;
   notebooks)
     t0=$(date +%s)
-    make serve PYTHON=$PY 2>&1 | grep -v "Triton starting" | tail -2 | tee "$OUT/notebooks.log"
+    make serve PYTHON=$PY 2>&1 | without_progress | tail -2 | tee "$OUT/notebooks.log"
     echo "background triton ready after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     grep -o "ready: model=.*" "$TUTORIAL_HOME"/runs/serve-*/server.log | tee -a "$OUT/notebooks.log"
     export TUTORIAL_TRITON=$(shared_address)
     timeout $(( ${NOTEBOOKS_LIMIT_S:-560} - ($(date +%s) - t0) )) $PY -m pytest notebooks -p no:cacheprovider --tb=short --durations=0 \
-      --junitxml="$OUT/notebooks-junit.xml" 2>&1 | grep -v "Triton starting\|it/s\]\|s/it\]" | tee -a "$OUT/notebooks.log"
+      --junitxml="$OUT/notebooks-junit.xml" 2>&1 | without_progress | tee -a "$OUT/notebooks.log"
     make stop PYTHON=$PY | tee -a "$OUT/notebooks.log"
     echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     ;;
