@@ -9,9 +9,10 @@
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it)
 #   notebooks  `make serve` (a second start: compile caches warm), pytest --nbmake notebooks/ (full parameters)
 #              on that server, then `make stop`
-#   ab         another backend (carried to /tmp/old-backend/vllm, e.g. `git archive c75b295 backend/vllm`: the
-#              one-send-per-pass sender) against this one, both Triton protocols at concurrency 1/64/256, one
-#              run each on this machine; compare requests/s, TTFT and tokens_per_response
+#   ab         backends side by side, each named NAME=DIR in AB_VARIANTS (default "turns=/tmp/ab/turns/vllm
+#              threads=backend/vllm": the previous sender, carried as .gpu/ab/turns/vllm from `git archive`, against
+#              this one), both Triton protocols at concurrency 1/64/256, one run each on this machine; compare
+#              requests/s, TTFT and tokens_per_response (ab-NAME.csv)
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -79,12 +80,14 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     done
     ;;
   ab)
-    for variant in old new; do
-      dir=$PWD/backend/vllm; [ "$variant" = old ] && dir=/tmp/old-backend/vllm
-      TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency 1,64,256 \
-        --max-tokens 128 --prompt-tokens 100 --duration 8 --no-plots --out "$TUTORIAL_HOME/ab-$variant" 2>&1 \
-        | without_progress | tee "$OUT/ab-$variant.log"
-      cp "$TUTORIAL_HOME/ab-$variant/summary.csv" "$OUT/ab-$variant.csv"
+    rm -rf /tmp/ab && cp -r .gpu/ab /tmp/ab 2>/dev/null  # carried backends, out of the tree Triton copies
+    for pair in ${AB_VARIANTS:-turns=/tmp/ab/turns/vllm threads=backend/vllm}; do
+      name=${pair%%=*} dir=$(realpath "${pair#*=}")
+      TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency "${AB_LEVELS:-1,64,256}" \
+        --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" --no-plots --out "$TUTORIAL_HOME/ab-$name" 2>&1 \
+        | without_progress | tee "$OUT/ab-$name.log"
+      grep -ho "ready: model=.*" "$TUTORIAL_HOME/ab-$name"/*/server.log | grep -o "started in.*" | tee -a "$OUT/ab-$name.log"
+      cp "$TUTORIAL_HOME/ab-$name/summary.csv" "$OUT/ab-$name.csv"
     done
     ;;
   bench)
