@@ -4,27 +4,27 @@ Design: Triton's stub calls ``execute`` on its main thread; we validate each req
 answered at once with an INVALID_ARG error naming the field) and hand the valid ones to an asyncio loop on a
 thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM's ``AsyncLLM`` runs. Each
 request is one task that iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and merges every
-output into the request's mailbox (text, token count, logprobs); it sends nothing itself. A few sender
-threads (outbox.py) send the streams whose mailbox has something, one response each, in order of posting;
-outputs made while a stream waits or is being sent merge and leave with its next response. ``send`` is an
-IPC round trip to the Triton process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during
-which the stub releases the GIL, so the loop processes the engine's outputs meanwhile. Three designs that
-sent from the loop itself fell short at 256 streams on an H200: a send per engine output tied the engine to
-256 round trips per step (one token per response, 43 ms between tokens); one send per stream per pass of
-the loop fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms
-in-process); turns that gave sending half the loop streamed (6-8 tokens per response, TTFT 0.4 s) at
-24-41 % fewer requests/s.
+output into the request's pending response (text, token count, logprobs); it sends nothing itself. One
+sender task sends the requests that have something pending, one response each, in order of waiting, in
+turns: a turn lasts as long as has passed since the previous one ended, so under load sending and the
+engine's output processing share the loop half and half. ``send`` is an IPC round trip to the Triton
+process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the loop does nothing
+else; outputs made meanwhile merge into the pending responses and the next turn carries them. Two designs
+failed at 256 streams on an H200: a send per engine output from each request's task tied the engine to
+256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the loop
+fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process).
+The turns, against it (H200, 256 streams): 6-8 tokens per response, TTFT p50 0.4 s, 24-41 % fewer req/s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import gc
 import json
 import os
-import sys
 import threading
 import time
 import uuid
@@ -46,7 +46,7 @@ from .checks import instance_kind_problem
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
-from .outbox import SWITCH_INTERVAL_S, Mailbox, SenderThreads
+from .turns import send_one_turn
 
 INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
 REQUEST_ONLY_KEYS = {"lora_name"}
@@ -200,7 +200,7 @@ def logprob_entries(completion) -> list[dict]:
 
 @dataclass
 class PendingResponse:
-    """What a request's engine outputs hold that its client has not been sent yet (merged until sent)."""
+    """What a request's engine outputs hold that its client has not been sent yet (merged until its turn)."""
 
     text: str = ""
     tokens: int = 0
@@ -209,8 +209,6 @@ class PendingResponse:
     cumulative_logprob: float = float("nan")
     prompt_tokens: int = 0
     final: bool = False
-    closing: bool = False  # the stream ends early: ``closing_response`` (an error, or None) carries the final flag
-    closing_response: object = None
 
     def add(self, text: str, output, want_logprobs: bool) -> None:
         completion = output.outputs[0]
@@ -224,69 +222,51 @@ class PendingResponse:
         self.prompt_tokens = len(output.prompt_token_ids or [])
         self.final = bool(output.finished)
 
-    def end(self, response) -> None:
-        """Close the stream with ``response`` (None: just the final flag), unless the engine finished it or
-        an earlier close already says why."""
-        if not (self.final or self.closing):
-            self.closing, self.closing_response = True, response
-
-    def has_output(self) -> bool:
-        return bool(self.text or self.tokens or self.final)
-
-    def is_empty(self) -> bool:
-        return not (self.has_output() or self.closing)
-
-
-def cancelled_streams(streams: list) -> list:
-    """The streams whose client has cancelled (Triton's flag; one round trip each, the GIL released)."""
-    return [stream for stream in streams if stream.channel.is_cancelled()]
-
 
 class ResponseChannel:
-    """One request's response sender, shared by the sender thread that holds its stream and the cancellation
-    checker: a lock keeps their round trips apart.
+    """One request's response sender, used from the engine loop's thread only (so sends never overlap).
 
     Nothing follows the final flag, and Triton's cancellation flag is never asked once the final response is
-    out (its response factory is freed then). The sender is dropped as soon as the final flag is out (or the
-    stream is abandoned), so no stray reference (a traceback, a poll's list) keeps it alive until the
-    interpreter exits: a sender that dies after the stub has torn down its shared memory crashes the stub
-    (seen with Triton 2.51).
+    out (its response factory is freed then). ``release`` drops the sender as soon as the request is done, so
+    no stray reference (a traceback, a poll's list) keeps it alive until the interpreter exits: a sender that
+    dies after the stub has torn down its shared memory crashes the stub (seen with Triton 2.51).
     """
 
     def __init__(self, sender) -> None:
         self._sender = sender
-        self._lock = threading.Lock()
         self.closed = False
 
     def send(self, response, flags: int = 0) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = bool(flags & FINAL)
-            try:
-                self._sender.send(response, flags)
-            finally:
-                if self.closed:
-                    self._sender = None
+        if self.closed:
+            return
+        self.closed = bool(flags & FINAL)
+        self._sender.send(response, flags)
+
+    def close(self, response=None) -> None:
+        """The final response (or just the final flag); a client that is gone is not an error here."""
+        try:
+            self.send(response, FINAL)
+        except Exception as err:  # noqa: BLE001 - the stream is over either way
+            self.closed = True
+            pb_utils.Logger.log_warn(f"[vllm] could not close a stream: {err!r}")
 
     def is_cancelled(self) -> bool:
-        with self._lock:
-            return not self.closed and self._sender.is_cancelled()
+        return not self.closed and self._sender.is_cancelled()
 
     def release(self) -> None:
-        with self._lock:
-            self.closed, self._sender = True, None
+        self.closed, self._sender = True, None
 
 
 class RequestStream:
-    """One request in flight: its generating task, its response channel, and its mailbox (what is waiting
-    for its client; a sender thread sends it)."""
+    """One request in flight: its generating task, its response channel, what is pending for its client,
+    and ``delivered``, set once its final response is out (the task lives until then)."""
 
     def __init__(self, channel: ResponseChannel, wants: dict[str, bool]) -> None:
         self.channel = channel
         self.wants = wants
-        self.mailbox: Mailbox[PendingResponse] = Mailbox(PendingResponse)
+        self.pending = PendingResponse()
         self.task: asyncio.Task | None = None
+        self.delivered = asyncio.Event()
 
 
 class VllmModel:
@@ -309,13 +289,10 @@ class VllmModel:
         self.loop, loop_kind = new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name="vllm-loop", daemon=True)
         self._loop_thread.start()
-        # readiness questions can wait seconds while Triton unloads us, and a cancellation check is a round trip
-        # per stream: their own threads, never the loop's
+        # readiness questions can wait seconds while Triton unloads us: their own thread, never the loop's
         self._pollers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-poll")
-        self._cancel_checker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-cancel")
         self._streams: dict[str, RequestStream] = {}
-        sys.setswitchinterval(SWITCH_INTERVAL_S)  # this stub process serves this model only
-        self._senders: SenderThreads[RequestStream] = SenderThreads(self._deliver)
+        self._ready: collections.OrderedDict[str, RequestStream] = collections.OrderedDict()  # pending, in turn
         self._dead: BaseException | None = None
         self._accepting = True
 
@@ -392,6 +369,8 @@ class VllmModel:
         return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers)
 
     async def _start_watchers(self) -> None:
+        self._has_ready = asyncio.Event()
+        self._sending = asyncio.create_task(self._send_in_turn())
         self._watchers = [asyncio.create_task(self._watch_cancellations()), asyncio.create_task(self._watch_health())]
 
     # ---- requests --------------------------------------------------------------------------------
@@ -436,36 +415,37 @@ class VllmModel:
 
     def _finished(self, request_id: str, stream: RequestStream) -> None:
         self._streams.pop(request_id, None)
-        if not stream.channel.closed:  # e.g. cancelled before it ran: the client still gets its final flag
-            self._close(stream, None)
+        self._ready.pop(request_id, None)
+        stream.channel.release()
 
     async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, stream: RequestStream) -> None:
-        """Merge the engine's outputs into the stream's mailbox; a sender thread delivers them."""
-        mailbox = stream.mailbox
+        """Merge the engine's outputs into the stream's pending response; the sender delivers them."""
+        channel = stream.channel
         prompt_prefix = "" if parsed.exclude_input else parsed.prompt  # goes before the first text (streaming too)
         want_logprobs = parsed.wants["return_logprobs"]
         try:
             if not await self._fits_context(parsed.prompt, params):
-                return self._close(stream, self._too_long(parsed.prompt, params))
+                return channel.close(self._too_long(parsed.prompt, params))
             finished = False
             async for output in self.engine.generate(parsed.prompt, params, request_id, lora_request=lora):
-                if mailbox.update(PendingResponse.add, prompt_prefix + output.outputs[0].text, output, want_logprobs):
-                    self._senders.post(stream)
+                stream.pending.add(prompt_prefix + output.outputs[0].text, output, want_logprobs)
                 prompt_prefix, finished = "", output.finished
+                self._queue_for_sending(request_id, stream)
             if not finished:  # the engine ended the request without a final output
-                self._close(stream, error_response("the engine ended the request early", pb_utils.TritonError.INTERNAL))
+                return channel.close(error_response("the engine ended the request early", pb_utils.TritonError.INTERNAL))
+            await stream.delivered.wait()
         except asyncio.CancelledError as cancel:
             if UNLOADING in cancel.args:  # tell the client why its stream stopped early
                 unloading = error_response(f"{UNLOADING}: request stopped", pb_utils.TritonError.UNAVAILABLE)
-                return self._close(stream, unloading)
-            self._close(stream, None)  # the client went away: close the stream (the engine has aborted it)
+                return channel.close(unloading)
+            channel.close()  # the client went away: close the stream (the engine has aborted it)
         except EngineDeadError as err:
-            self._close(stream, error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE))
+            channel.close(error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE))
         except (ValueError, VLLMValidationError) as err:  # vLLM's own input checks
-            self._close(stream, error_response(str(err)))
+            channel.close(error_response(str(err)))
         except Exception as err:  # noqa: BLE001 - any other failure still closes the stream with a reason
             self.logger.log_error(f"[vllm] request {request_id} failed: {err!r}")
-            self._close(stream, error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL))
+            channel.close(error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL))
 
     async def _fits_context(self, prompt: str, params: SamplingParams) -> bool:
         """Prompt plus max_tokens must fit the context; tokenizing is skipped when bytes already bound it."""
@@ -482,31 +462,34 @@ class VllmModel:
             f"{self.max_model_len} tokens"
         )
 
-    def _close(self, stream: RequestStream, response) -> None:
-        """End the stream early with ``response`` (None: just the final flag), after what it has waiting."""
-        if stream.mailbox.update(PendingResponse.end, response):
-            self._senders.post(stream)
+    def _queue_for_sending(self, request_id: str, stream: RequestStream) -> None:
+        """Join the end of the sending queue, unless already waiting there (then the output just merges)."""
+        if request_id not in self._ready:
+            self._ready[request_id] = stream
+            self._has_ready.set()
 
-    def _deliver(self, stream: RequestStream) -> bool:
-        """On a sender thread: send what the stream's mailbox holds; True when more arrived meanwhile."""
-        pending = stream.mailbox.take()
+    async def _send_in_turn(self) -> None:
+        """The only place streams are sent: turns as long as the time since the previous turn ended
+        (``turns.send_one_turn``), and the loop's other work runs between two turns."""
+        turn_ended = time.perf_counter()
+        while True:
+            if not self._ready:
+                self._has_ready.clear()
+                await self._has_ready.wait()
+            send_one_turn(self._ready, self._deliver, allowance_s=time.perf_counter() - turn_ended)
+            turn_ended = time.perf_counter()
+            await asyncio.sleep(0)  # the loop's other work runs, and earns the next turn its allowance
+
+    def _deliver(self, stream: RequestStream) -> None:
+        pending, stream.pending = stream.pending, PendingResponse()
         try:
-            if pending.has_output():
-                stream.channel.send(self._response(pending, stream.wants), FINAL if pending.final else 0)
-            if pending.closing:
-                stream.channel.send(pending.closing_response, FINAL)
+            stream.channel.send(self._response(pending, stream.wants), FINAL if pending.final else 0)
         except Exception as err:  # noqa: BLE001 - this client's stream is broken: stop its request, not the others
             self.logger.log_warn(f"[vllm] could not send a response: {err!r}; stopping the request")
-            stream.channel.release()
-            self._call_on_loop(stream.task.cancel)
-            return False  # the mailbox stays marked as queued: nothing is posted for this stream again
-        return stream.mailbox.done_sending()
-
-    def _call_on_loop(self, callback) -> None:
-        try:
-            self.loop.call_soon_threadsafe(callback)
-        except RuntimeError:  # the loop is closed: finalize is stopping everything anyway
-            pass
+            stream.task.cancel()
+            return
+        if pending.final:
+            stream.delivered.set()
 
     def _response(self, pending: PendingResponse, wants: dict[str, bool]):
         tensors = [_string_tensor("text_output", pending.text)]
@@ -524,11 +507,15 @@ class VllmModel:
 
     # ---- watchers --------------------------------------------------------------------------------
     async def _watch_cancellations(self) -> None:
-        """Poll Triton's cancellation flag of in-flight requests: a round trip each, on a thread of its own."""
+        """Poll Triton's cancellation flag of in-flight requests: one IPC round trip each, on the loop like sends."""
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
-            running = [stream for stream in self._streams.values() if not stream.task.done()]
-            for stream in await self.loop.run_in_executor(self._cancel_checker, cancelled_streams, running):
+            self._cancel_abandoned()
+
+    def _cancel_abandoned(self) -> None:
+        # a function of its own, so no local variable keeps a finished request's sender alive between polls
+        for stream in list(self._streams.values()):
+            if not stream.task.done() and stream.channel.is_cancelled():
                 stream.task.cancel()
 
     async def _watch_health(self) -> None:
@@ -585,14 +572,11 @@ class VllmModel:
         self._accepting = False
         self._on_loop(self._stop_watchers(), timeout=10)
         self._pollers.shutdown(wait=True)  # polls end within READY_WAIT_S: none may run during teardown
-        self._cancel_checker.shutdown(wait=True)
         grace = float(self._parameter("shutdown_grace_seconds", "5"))
         try:
             self._on_loop(self._drain(grace), timeout=grace + 30)
         except Exception as err:  # noqa: BLE001 - finalize must always get to shutting the engine down
             self.logger.log_warn(f"[vllm] draining failed: {err!r}")
-        if not self._senders.stop(timeout_s=10):
-            self.logger.log_warn("[vllm] a sender thread was still sending after 10 s")
         self.engine.shutdown()
         for stat_logger in self._stat_loggers:
             stat_logger.close()
@@ -605,7 +589,8 @@ class VllmModel:
         for stream in self._streams.values():
             stream.channel.release()
         self._streams.clear()
-        self._watchers = []
+        self._ready.clear()
+        self._watchers, self._sending = [], None
         gc.collect()
 
     async def _drain(self, grace: float) -> None:
@@ -616,6 +601,8 @@ class VllmModel:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._sending.cancel()  # after the streams: draining needs it
+        await asyncio.gather(self._sending, return_exceptions=True)
 
     async def _stop_watchers(self) -> None:
         for watcher in self._watchers:
