@@ -2,6 +2,7 @@
 
 import json
 import re
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -112,3 +113,14 @@ def test_engine_process_is_spawned_not_forked_from_the_stub(triton):
     assert engines, [p.cmdline() for p in family]
     for engine in engines:
         assert "triton_python_backend_stub" not in engine.exe() and "python" in Path(engine.exe()).name
+
+
+def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_never_repeat():
+    """vLLM binds port 0 while Triton loads: a port it can be handed must never be the one picked for Triton."""
+    low, _ = srv.ephemeral_port_range()
+    ports = [srv.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(srv.FIRST_PICKED_PORT <= port < low for port in ports)
+    for port in ports[:3]:  # free when handed out
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))

@@ -14,6 +14,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,8 @@ from tqdm.auto import tqdm
 from utils import paths
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+FIRST_PICKED_PORT = 20000  # free_port picks from here up to the kernel's ephemeral range
+_picked_ports: set[int] = set()
 # log lines after which the server will never become ready: fail at once instead of at the timeout
 FATAL_LOG_MARKERS = (
     "error while loading shared libraries",
@@ -110,11 +113,36 @@ def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def free_port() -> int:
-    """A port the kernel says is free now (good enough for tests and parallel servers)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out by itself: to ``bind`` on port 0 and to outgoing connections."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_port(attempts: int = 200) -> int:
+    """A port free now, below the kernel's ephemeral range, and not picked before by this process.
+
+    Triton binds its ports only once the model is loaded (40 s on a CPU), and meanwhile vLLM's engine binds
+    port 0 for its own sockets: a port picked with ``bind(0)`` is a number the kernel may hand out again
+    right then (in CI vLLM once got the port picked for Triton's gRPC). Below that range it never does.
+    """
+    low, _ = ephemeral_port_range()
+    for _ in range(attempts):
+        port = random.randrange(FIRST_PICKED_PORT, low) if low > FIRST_PICKED_PORT + 1000 else 0
+        if port in _picked_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = sock.getsockname()[1]
+        _picked_ports.add(port)
+        return port
+    raise ServerError(f"no free port found in {attempts} attempts below {low}")
 
 
 def python_runtime(python: str | Path) -> dict[str, str]:
