@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -14,7 +15,7 @@ import pytest
 from tests.backend_helpers import context_length, generate, is_continuation, stream
 from utils import paths
 from utils.repository import prepare_run_repository
-from utils.server import TritonServer
+from utils.server import ServerError, TritonServer, processes_tagged
 
 
 
@@ -150,3 +151,19 @@ def test_shutdown_with_streams_in_flight_leaves_nothing_behind(scratch):
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert list(Path("/dev/shm").glob(f"{scratch.shm_prefix}*")) == []
     assert all(not t.is_alive() for t in threads)
+
+
+def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
+    """Triton binds its ports only once the model is loaded; when one is taken by then it exits, and its stub
+    and vLLM's engine, re-parented away from it, must not stay behind (both did, in CI on 2026-12-03)."""
+    repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
+    server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
+    server.start()
+    with socket.socket() as taker:
+        taker.bind(("127.0.0.1", server.ports.grpc))
+        taker.listen()
+        with pytest.raises(ServerError, match="exited with code"):
+            server.wait_ready(timeout=900, progress=False)
+    assert "GRPC" in server.log_tail(200) and "already in use" in server.log_tail(200)
+    assert processes_tagged(server.shm_prefix) == []
+    assert list(Path("/dev/shm").glob(f"{server.shm_prefix}*")) == []

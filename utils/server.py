@@ -361,7 +361,7 @@ class TritonServer:
             started = time.monotonic()
             while True:
                 if self.process.poll() is not None:
-                    self._close_log()
+                    self.stop()  # its stub and vLLM's engine outlive it, re-parented: end them too
                     raise ServerError(
                         f"tritonserver exited with code {self.process.returncode} before it was ready.\n"
                         f"Last lines of {self.log_path}:\n{self.log_tail()}"
