@@ -9,10 +9,11 @@
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it)
 #   notebooks  `make serve` (a second start: compile caches warm), pytest --nbmake notebooks/ (full parameters)
 #              on that server, then `make stop`
-#   ab         backends side by side, each named NAME=DIR in AB_VARIANTS (default "turns=/tmp/ab/turns/vllm
-#              threads=backend/vllm": the previous sender, carried as .gpu/ab/turns/vllm from `git archive`, against
-#              this one), both Triton protocols at concurrency 1/64/256, one run each on this machine; compare
-#              requests/s, TTFT and tokens_per_response (ab-NAME.csv)
+#   ab         backends side by side: this tree's (`main`) and each one carried as .gpu/ab/NAME/vllm (a changed copy),
+#              or the NAME=DIR pairs of AB_VARIANTS; both Triton protocols at concurrency 1/64/256 (AB_LEVELS),
+#              8 s per level (AB_DURATION), the variants alternated AB_ROUNDS times (default 2: one pair on 2026-12-03
+#              was slower at concurrency 1, where the designs do not differ); compare requests/s, TTFT,
+#              tokens_per_response and server_execute_ms (ab-NAME-rROUND.csv)
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -81,13 +82,16 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     ;;
   ab)
     rm -rf /tmp/ab && cp -r .gpu/ab /tmp/ab 2>/dev/null  # carried backends, out of the tree Triton copies
-    for pair in ${AB_VARIANTS:-turns=/tmp/ab/turns/vllm threads=backend/vllm}; do
-      name=${pair%%=*} dir=$(realpath "${pair#*=}")
-      TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency "${AB_LEVELS:-1,64,256}" \
-        --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" --no-plots --out "$TUTORIAL_HOME/ab-$name" 2>&1 \
-        | without_progress | tee "$OUT/ab-$name.log"
-      grep -ho "ready: model=.*" "$TUTORIAL_HOME/ab-$name"/*/server.log | grep -o "started in.*" | tee -a "$OUT/ab-$name.log"
-      cp "$TUTORIAL_HOME/ab-$name/summary.csv" "$OUT/ab-$name.csv"
+    carried=$(for dir in /tmp/ab/*/vllm; do [ -d "$dir" ] && echo "$(basename "$(dirname "$dir")")=$dir"; done)
+    for round in $(seq "${AB_ROUNDS:-2}"); do  # alternate the variants: a machine that speeds up or slows down favours none
+      for pair in ${AB_VARIANTS:-main=backend/vllm $carried}; do
+        name=${pair%%=*}-r$round dir=$(realpath "${pair#*=}")
+        TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency "${AB_LEVELS:-1,64,256}" \
+          --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" --no-plots --out "$TUTORIAL_HOME/ab-$name" 2>&1 \
+          | without_progress | tee "$OUT/ab-$name.log"
+        grep -ho "ready: model=.*" "$TUTORIAL_HOME/ab-$name"/*/server.log | grep -o "started in.*" | tee -a "$OUT/ab-$name.log"
+        cp "$TUTORIAL_HOME/ab-$name/summary.csv" "$OUT/ab-$name.csv"
+      done
     done
     ;;
   bench)
