@@ -93,6 +93,14 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
         cp "$TUTORIAL_HOME/ab-$name/summary.csv" "$OUT/ab-$name.csv"
       done
     done
+    $PY - "$OUT" <<'PY' | tee "$OUT/ab-table.txt"  # one table: variant and round side by side per protocol and level
+import glob, os, sys
+import pandas as pd
+runs = [pd.read_csv(f).assign(run=os.path.basename(f)[3:-4]) for f in sorted(glob.glob(f"{sys.argv[1]}/ab-*-r*.csv"))]
+table = pd.concat(runs).pivot_table(index=["target", "concurrency"], columns="run", sort=False,
+                                    values=["requests_per_s", "ttft_p50_ms", "tokens_per_response", "server_execute_ms"])
+print(table.round(2).to_string())
+PY
     ;;
   bench)
     make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
