@@ -351,6 +351,10 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
     summary = pd.read_csv(tmp_path / "summary.csv")
     records, environment = check_outputs(tmp_path, summary, ["triton-grpc", "triton-http"], 3, 8, 4, 2)
     assert environment["benchmark"]["triton_reused"]  # the session's server, not a second one
+    assert environment["benchmark"]["triton_instances"] == 1
+    with pytest.raises(ValueError, match="triton_instances=2 needs a Triton started by the benchmark"):
+        bench.main(argv[:-1] + [str(tmp_path / "two"), "--triton-instances", "2"])
+    assert not (tmp_path / "two").exists()
     assert summary["request_rate"].notna().sum() == 2 and summary["requests_per_s_std"].notna().all()
     assert (tmp_path / "throughput_rate.png").exists()
     assert (records.loc[records["mode"] == "open", "lag_ms"] >= 0).all()

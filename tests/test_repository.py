@@ -71,6 +71,16 @@ def test_run_repository_resolves_the_offline_default_and_keeps_explicit_settings
     assert any("offline default" in m for m in messages)
 
 
+def test_run_repository_sets_the_instance_count_and_refuses_zero(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = repo.prepare_run_repository(tmp_path / "run", instance_count=3, gpu=False, log=lambda _: None)
+    groups = repo.read_config(run / "vllm_model" / "config.pbtxt").instance_group
+    assert [(g.count, repo.mc.ModelInstanceGroup.Kind.Name(g.kind)) for g in groups] == [(3, "KIND_MODEL")]
+    with pytest.raises(ValueError, match="instance_count must be at least 1, got 0"):
+        repo.prepare_run_repository(tmp_path / "zero", instance_count=0, gpu=False, log=lambda _: None)
+    assert not (tmp_path / "zero").exists()
+
+
 def test_kind_gpu_with_several_gpus_per_engine_is_refused_with_an_explanation(tmp_path):
     repo.write_model(tmp_path, repo.make_config("m", instance_kind="KIND_GPU"), {"model": "x", "tensor_parallel_size": 2})
     with pytest.raises(repo.RepositoryError, match="KIND_GPU gives each instance one GPU.*asks for 2.*KIND_MODEL"):

@@ -821,15 +821,20 @@ class VllmServer:
 
 
 @contextlib.contextmanager
-def serving_triton(handle: ServerHandle | None, settings: dict, run_dir: Path, progress: bool) -> Iterator[ServerHandle]:
-    """The Triton to measure: the one given, else the session's shared one, else one started (and stopped) here."""
+def serving_triton(
+    handle: ServerHandle | None, settings: dict, run_dir: Path, progress: bool, instances: int = 1
+) -> Iterator[ServerHandle]:
+    """The Triton to measure: the one given, else the session's shared one, else one started (and stopped) here
+    with ``instances`` instances of the model (each an engine of its own)."""
     handle = handle or shared_server()
     if handle is not None:
         yield handle
         return
     from utils.repository import prepare_run_repository
 
-    repository = prepare_run_repository(run_dir / "model_repository", engine_overrides=settings, log=lambda _m: None)
+    repository = prepare_run_repository(
+        run_dir / "model_repository", engine_overrides=settings, instance_count=instances, log=lambda _m: None
+    )
     server = TritonServer(repository, run_dir=run_dir, free_ports=True)
     try:
         server.start().wait_ready(timeout=900, progress=progress)
@@ -1092,10 +1097,12 @@ def sweep_target(pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: Prom
 
 
 @contextlib.contextmanager
-def serving(kind: str, settings: dict, run_dir: Path, triton: ServerHandle | None, progress: bool) -> Iterator[dict[str, str]]:
+def serving(
+    kind: str, settings: dict, run_dir: Path, triton: ServerHandle | None, progress: bool, triton_instances: int = 1
+) -> Iterator[dict[str, str]]:
     """Start what ``kind`` needs (Triton, vLLM's server, nothing for direct) and yield each target's address."""
     if kind == "triton":
-        with serving_triton(triton, settings, run_dir, progress) as handle:
+        with serving_triton(triton, settings, run_dir, progress, triton_instances) as handle:
             yield {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}
     elif kind == "vllm-openai":
         with VllmServer(settings, run_dir) as server:
@@ -1149,6 +1156,7 @@ def run_benchmark(
     model: str | None = None,
     engine_overrides: dict | None = None,
     triton: ServerHandle | None = None,
+    triton_instances: int = 1,
     out_dir: str | Path | None = None,
     seed: int = 0,
     progress: bool = True,
@@ -1161,6 +1169,8 @@ def run_benchmark(
     that long. Triton is the one given as ``triton``, else the session's shared server (``TUTORIAL_TRITON``),
     else one started here; vLLM's server and the direct engine are always started here, one at a time.
     When this process started the Triton being measured, its model.json is what the others run too.
+    ``triton_instances`` > 1 starts that Triton with as many instances of the model, each an engine and a
+    Python process of its own (the other targets keep one engine).
     """
     groups = group_targets(targets)
     levels = tuple(Level(concurrency=int(c)) for c in concurrency) + tuple(Level(request_rate=float(r)) for r in request_rate)
@@ -1170,16 +1180,22 @@ def run_benchmark(
         levels, max_tokens=max_tokens, requests=requests, duration_s=duration_s, repeats=repeats, warmup=warmup,
         workers=workers, seed=seed, progress=progress,
     )  # fmt: skip
-    out = Path(out_dir or paths.runs_dir() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
     if "triton" in groups:
         triton = triton or shared_server()
+        if triton is not None and triton_instances != 1:
+            raise ValueError(
+                f"triton_instances={triton_instances} needs a Triton started by the benchmark, but a running one is "
+                "measured (the triton argument or TUTORIAL_TRITON): stop it or leave triton_instances at 1"
+            )
+    out = Path(out_dir or paths.runs_dir() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
     settings = (triton_engine_settings(triton) if triton else None) or engine_settings(model, engine_overrides)
     options = {
         "targets": list(targets), "concurrency": [int(c) for c in concurrency],
         "request_rate": [float(r) for r in request_rate], "max_tokens": max_tokens,
         "prompt_tokens": prompt_tokens, "requests": requests, "duration_s": duration_s, "repeats": repeats,
         "warmup": warmup, "workers": workers, "seed": seed, "triton_reused": triton is not None,
+        "triton_instances": triton_instances,
     }  # fmt: skip
     environment = environment_info(settings, options)
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
@@ -1190,7 +1206,7 @@ def run_benchmark(
     with tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
         for kind, group in groups.items():
             started = time.monotonic()
-            with serving(kind, settings, out / kind, triton, progress) as addresses:
+            with serving(kind, settings, out / kind, triton, progress, triton_instances) as addresses:
                 startup_s[kind] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
                 for target in group:
                     with load_workers(target, plan, settings, out / kind) as pool:
@@ -1244,6 +1260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="model folder or hub id (default: model_repository's model.json)")
     parser.add_argument("--engine-overrides", type=json.loads, default=None,
                         help='AsyncEngineArgs on top of model.json for every target, as JSON, e.g. \'{"max_num_seqs": 256}\'')
+    parser.add_argument("--triton-instances", type=int, default=1,
+                        help="instances of the model in the Triton started here, each an engine of its own")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="write the CSVs and environment.json only")
@@ -1255,8 +1273,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_benchmark(
         args.targets, args.concurrency, args.request_rate, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
         requests=args.requests, duration_s=args.duration, repeats=args.repeats, warmup=args.warmup, workers=args.workers,
-        model=args.model, engine_overrides=args.engine_overrides, out_dir=args.out, seed=args.seed,
-        plots=not args.no_plots,
+        model=args.model, engine_overrides=args.engine_overrides, triton_instances=args.triton_instances, out_dir=args.out,
+        seed=args.seed, plots=not args.no_plots,
     )  # fmt: skip
     shown = SUMMARY_COLUMNS + ["tokens_per_response"]  # a stream held back shows here, not in requests/s
     with pd.option_context("display.width", 220, "display.max_columns", len(shown)):

@@ -202,22 +202,32 @@ def prepare_run_repository(
     source: str | Path | None = None,
     engine_overrides: dict | None = None,
     config_parameters: dict[str, str] | None = None,
+    instance_count: int | None = None,
     gpu: bool | None = None,
     log=print,
 ) -> Path:
-    """Copy a repository into a run folder with every model.json made runnable on this machine."""
+    """Copy a repository into a run folder with every model.json made runnable on this machine.
+
+    ``instance_count`` sets the count of every instance group: Triton spreads requests over the instances in
+    turn, and each instance of a vLLM model is an engine and a Python process of its own (its own memory)."""
     source = Path(source or paths.sample_repository())
     dest = Path(dest)
+    if instance_count is not None and instance_count < 1:
+        raise ValueError(f"instance_count must be at least 1, got {instance_count}")
     validate_repository(source)
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
     for engine_file in dest.glob("*/[0-9]*/model.json"):
         settings = {**read_engine_args(engine_file), **(engine_overrides or {})}
         engine_file.write_text(json.dumps(runnable_engine_args(settings, gpu=gpu, log=log), indent=2) + "\n")
-    if config_parameters:
+    if config_parameters or instance_count:
         for config_file in dest.glob("*/config.pbtxt"):
             config = read_config(config_file)
-            for key, value in config_parameters.items():
+            for key, value in (config_parameters or {}).items():
                 config.parameters[key].string_value = str(value)
+            if instance_count:
+                groups = config.instance_group or [config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_MODEL)]
+                for group in groups:
+                    group.count = instance_count
             config_file.write_text(config_to_text(config))
     return dest

@@ -291,6 +291,7 @@ class VllmModel:
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.model_version = args["model_version"]
+        self.instance_name = args.get("model_instance_name", self.model_name)
         version_dir = Path(args["model_repository"]) / args["model_version"]
         engine_args = self._engine_args(version_dir / "model.json")
         self._check_parallelism_fits_instance(args, self._engine_settings)
@@ -331,7 +332,7 @@ class VllmModel:
         )
 
     def _make_stat_logger(self, vllm_config, engine_index: int = 0):
-        labels = {"model": self.model_name, "version": str(self.model_version)}
+        labels = {"model": self.model_name, "version": str(self.model_version), "instance": self.instance_name}
         self._stat_loggers.append(TritonStatLogger(labels, vllm_config, engine_index))
         return self._stat_loggers[-1]
 
@@ -593,7 +594,9 @@ class VllmModel:
             self._on_loop(self._drain(grace), timeout=grace + 30)
         except Exception as err:  # noqa: BLE001 - finalize must always get to shutting the engine down
             self.logger.log_warn(f"[vllm] draining failed: {err!r}")
+        self._on_loop(self._stop_output_handler(), timeout=10)
         self.engine.shutdown()
+        self.engine = None  # collected below, while the interpreter is whole: AsyncLLM.__del__ shuts down again
         for stat_logger in self._stat_loggers:
             stat_logger.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -619,6 +622,14 @@ class VllmModel:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._sending.cancel()  # after the streams: draining needs it
         await asyncio.gather(self._sending, return_exceptions=True)
+
+    async def _stop_output_handler(self) -> None:
+        """vLLM's task that reads the engine's outputs: stopped before the engine, which it would otherwise
+        see die and log as a failure (vLLM's shutdown stops the engine first, then cancels the task)."""
+        handler = getattr(self.engine, "output_handler", None)
+        if handler is not None and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
 
     async def _stop_watchers(self) -> None:
         for watcher in self._watchers:
