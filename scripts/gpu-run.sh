@@ -13,7 +13,8 @@
 #              or the NAME=DIR pairs of AB_VARIANTS; both Triton protocols at concurrency 1/64/256 (AB_LEVELS),
 #              8 s per level (AB_DURATION), the variants alternated AB_ROUNDS times (default 2: one pair on 2026-12-03
 #              was slower at concurrency 1, where the designs do not differ); compare requests/s, TTFT,
-#              tokens_per_response and server_execute_ms (ab-NAME-rROUND.csv)
+#              tokens_per_response and server_execute_ms (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
+#              with two instances of the model in Triton (two engines, two Python processes: ab-NAME-x2-rROUND.csv)
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -85,12 +86,14 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     carried=$(for dir in /tmp/ab/*/vllm; do [ -d "$dir" ] && echo "$(basename "$(dirname "$dir")")=$dir"; done)
     for round in $(seq "${AB_ROUNDS:-2}"); do  # alternate the variants: a machine that speeds up or slows down favours none
       for pair in ${AB_VARIANTS:-main=backend/vllm $carried}; do
-        name=${pair%%=*}-r$round dir=$(realpath "${pair#*=}")
-        TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency "${AB_LEVELS:-1,64,256}" \
-          --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" --no-plots --out "$TUTORIAL_HOME/ab-$name" 2>&1 \
-          | without_progress | tee "$OUT/ab-$name.log"
-        grep -ho "ready: model=.*" "$TUTORIAL_HOME/ab-$name"/*/server.log | grep -o "started in.*" | tee -a "$OUT/ab-$name.log"
-        cp "$TUTORIAL_HOME/ab-$name/summary.csv" "$OUT/ab-$name.csv"
+        for instances in ${AB_INSTANCES:-1}; do
+          name=${pair%%=*}$([ "$instances" = 1 ] || echo "-x$instances")-r$round dir=$(realpath "${pair#*=}")
+          TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency "${AB_LEVELS:-1,64,256}" \
+            --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" --triton-instances "$instances" --no-plots \
+            --out "$TUTORIAL_HOME/ab-$name" 2>&1 | without_progress | tee "$OUT/ab-$name.log"
+          grep -ho "ready: model=.*" "$TUTORIAL_HOME/ab-$name"/*/server.log | grep -o "started in.*" | tee -a "$OUT/ab-$name.log"
+          cp "$TUTORIAL_HOME/ab-$name/summary.csv" "$OUT/ab-$name.csv"
+        done
       done
     done
     $PY - "$OUT" <<'PY' | tee "$OUT/ab-table.txt"  # one table: variant and round side by side per protocol and level

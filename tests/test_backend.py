@@ -224,6 +224,6 @@ def test_vllm_metrics_on_tritons_metrics_port(triton):
     assert metric(after, "vllm:request_success_total") > metric(before, "vllm:request_success_total")
     assert metric(after, "vllm:e2e_request_latency_seconds_count") > metric(before, "vllm:e2e_request_latency_seconds_count")
     labelled = [k for k in after if k.startswith("vllm:time_to_first_token_seconds_bucket{")]
-    assert labelled and all('model="vllm_model"' in k and 'version="1"' in k for k in labelled)
+    assert labelled and all('model="vllm_model"' in k and 'version="1"' in k and 'instance="vllm_model_0_0"' in k for k in labelled)
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert any(k.startswith(gauge + "{") for k in after), gauge
