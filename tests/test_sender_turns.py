@@ -4,8 +4,6 @@ timings (the sender itself runs inside Triton's stub; tests/test_backend.py stre
 from __future__ import annotations
 
 import importlib.util
-from collections import OrderedDict
-
 from utils.paths import backend_source
 
 _spec = importlib.util.spec_from_file_location("backend_turns", backend_source() / "turns.py")
@@ -25,9 +23,20 @@ class FakeClock:
         return self.now
 
 
+def queue_of(waiting: list[str], firsts: set[str] = frozenset()) -> "turns.SendQueue":
+    queue = turns.SendQueue()
+    for name in waiting:
+        assert queue.add(name, name, first=name in firsts)
+    return queue
+
+
+def drain(queue: "turns.SendQueue") -> list[str]:
+    return [queue.pop() for _ in range(len(queue))]
+
+
 def run_turn(waiting: list[str], allowance_s: float) -> tuple[list[str], list[str]]:
     clock = FakeClock()
-    ready = OrderedDict((name, name) for name in waiting)
+    ready = queue_of(waiting)
     sent: list[str] = []
 
     def deliver(stream: str) -> None:
@@ -35,7 +44,7 @@ def run_turn(waiting: list[str], allowance_s: float) -> tuple[list[str], list[st
         clock.now += SEND_S
 
     assert turns.send_one_turn(ready, deliver, allowance_s, clock) == len(sent)
-    return sent, list(ready)
+    return sent, drain(ready)
 
 
 def test_a_turn_sends_for_as_long_as_the_allowance_longest_waiting_first():
@@ -52,3 +61,16 @@ def test_a_turn_sends_at_least_one_response_even_with_no_allowance():
 def test_an_idle_loop_gives_a_turn_enough_to_send_everything_waiting():
     sent, left = run_turn([f"r{i}" for i in range(64)], allowance_s=1.0)
     assert len(sent) == 64 and left == []
+
+
+def test_first_responses_are_served_before_the_others_each_line_in_order_of_arrival():
+    queue = queue_of(["a", "b", "new1", "c", "new2"], firsts={"new1", "new2"})
+    assert drain(queue) == ["new1", "new2", "a", "b", "c"]
+
+
+def test_a_stream_already_waiting_keeps_its_place_and_a_discarded_one_is_gone():
+    queue = queue_of(["a", "b", "c"])
+    assert not queue.add("a", "a", first=False) and not queue.add("b", "b", first=True)
+    queue.discard("b")
+    queue.discard("missing")
+    assert len(queue) == 2 and drain(queue) == ["a", "c"] and not queue

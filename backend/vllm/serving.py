@@ -5,7 +5,8 @@ answered at once with an INVALID_ARG error naming the field) and hand the valid 
 thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM's ``AsyncLLM`` runs. Each
 request is one task that iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and merges every
 output into the request's pending response (text, token count, logprobs); it sends nothing itself. One
-sender task sends the requests that have something pending, one response each, in order of waiting, in
+sender task sends the requests that have something pending, one response each, first responses ahead
+of the rest (a client waits longest for its first; ``turns.SendQueue``), each in order of waiting, in
 turns: a turn lasts as long as has passed since the previous one ended, so under load sending and the
 engine's output processing share the loop half and half. ``send`` is an IPC round trip to the Triton
 process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the loop does nothing
@@ -20,7 +21,6 @@ Triton's cancellation flags are polled from a thread of their own, so those roun
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import functools
 import gc
@@ -47,7 +47,7 @@ from .checks import instance_kind_problem
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
-from .turns import send_one_turn
+from .turns import SendQueue, send_one_turn
 
 INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
 REQUEST_ONLY_KEYS = {"lora_name"}
@@ -270,13 +270,15 @@ def cancelled_streams(streams: list) -> list:
 
 class RequestStream:
     """One request in flight: its generating task, its response channel, what is pending for its client,
-    and ``delivered``, set once its final response is out (the task lives until then)."""
+    ``answered`` once its first response is out, and ``delivered``, set once its final response is out (the
+    task lives until then)."""
 
     def __init__(self, channel: ResponseChannel, wants: dict[str, bool]) -> None:
         self.channel = channel
         self.wants = wants
         self.pending = PendingResponse()
         self.task: asyncio.Task | None = None
+        self.answered = False
         self.delivered = asyncio.Event()
 
 
@@ -305,7 +307,7 @@ class VllmModel:
         self._pollers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-poll")
         self._cancel_poller = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cancel-poll")
         self._streams: dict[str, RequestStream] = {}
-        self._ready: collections.OrderedDict[str, RequestStream] = collections.OrderedDict()  # pending, in turn
+        self._ready = SendQueue()  # the streams with something pending, in the order they are served
         self._dead: BaseException | None = None
         self._accepting = True
 
@@ -428,7 +430,7 @@ class VllmModel:
 
     def _finished(self, request_id: str, stream: RequestStream) -> None:
         self._streams.pop(request_id, None)
-        self._ready.pop(request_id, None)
+        self._ready.discard(request_id)
         stream.channel.release()
 
     async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, stream: RequestStream) -> None:
@@ -476,9 +478,9 @@ class VllmModel:
         )
 
     def _queue_for_sending(self, request_id: str, stream: RequestStream) -> None:
-        """Join the end of the sending queue, unless already waiting there (then the output just merges)."""
-        if request_id not in self._ready:
-            self._ready[request_id] = stream
+        """Join the sending queue (a first response ahead of the others), unless already waiting there (then
+        the output just merges)."""
+        if self._ready.add(request_id, stream, first=not stream.answered):
             self._has_ready.set()
 
     async def _send_in_turn(self) -> None:
@@ -501,6 +503,7 @@ class VllmModel:
             self.logger.log_warn(f"[vllm] could not send a response: {err!r}; stopping the request")
             stream.task.cancel()
             return
+        stream.answered = True
         if pending.final:
             stream.delivered.set()
 
