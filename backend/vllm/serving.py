@@ -597,7 +597,6 @@ class VllmModel:
             self._on_loop(self._drain(grace), timeout=grace + 30)
         except Exception as err:  # noqa: BLE001 - finalize must always get to shutting the engine down
             self.logger.log_warn(f"[vllm] draining failed: {err!r}")
-        self._on_loop(self._stop_output_handler(), timeout=10)
         self.engine.shutdown()
         self.engine = None  # collected below, while the interpreter is whole: AsyncLLM.__del__ shuts down again
         for stat_logger in self._stat_loggers:
@@ -625,6 +624,7 @@ class VllmModel:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._sending.cancel()  # after the streams: draining needs it
         await asyncio.gather(self._sending, return_exceptions=True)
+        await self._stop_output_handler()
 
     async def _stop_output_handler(self) -> None:
         """vLLM's task that reads the engine's outputs: stopped before the engine, which it would otherwise
