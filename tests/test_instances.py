@@ -1,5 +1,6 @@
 """Two instances of the model in one Triton: each is a vLLM engine in a Python process of its own. Triton
-hands requests to them in turn, each labels its metrics with its instance, and a stop leaves no error behind."""
+hands requests to them in turn, each labels its metrics with its instance, each gets the KV cache one alone
+would, and a stop leaves no error behind."""
 
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ def test_both_instances_serve_a_burst_with_exact_token_counts(two_instances):
         time.sleep(0.5)
     finished = finished_per_instance(two_instances)
     assert sum(finished.values()) == 8 and min(finished.values()) >= 2, finished
+
+
+def test_each_instance_gets_a_whole_kv_cache(two_instances):
+    """On a GPU two engines that start together measure each other's memory as their own (the second once got
+    47,296 tokens against the first's 902,384 on an H200); the backend starts them one at a time."""
+    log = two_instances.log_path.read_text(errors="replace")
+    sizes = [int(size.replace(",", "")) for size in re.findall(r"KV cache size: ([\d,]+) tokens", log)]
+    assert len(sizes) == 2 and min(sizes) >= 0.9 * max(sizes), sizes
 
 
 def test_a_stop_logs_no_error(two_instances):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+import tritonclient.grpc.model_config_pb2 as mc
+from google.protobuf import text_format
 
 from tests.backend_helpers import context_length, generate, is_continuation, stream
 from utils import paths
@@ -167,3 +169,57 @@ def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
     assert "GRPC" in server.log_tail(200) and "already in use" in server.log_tail(200)
     assert processes_tagged(server.shm_prefix) == []
     assert list(Path("/dev/shm").glob(f"{server.shm_prefix}*")) == []
+
+
+NEIGHBOUR_MODEL = """import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        release = os.path.join(args["model_repository"], "release")
+        deadline = time.monotonic() + 600
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+"""
+
+
+def add_slow_neighbour(repository: Path) -> Path:
+    """A Python model whose load lasts until its folder holds a file named ``release``: until then the server
+    is not ready, whatever the vLLM model's state. Returns the file to create."""
+    folder = repository / "slow_neighbour"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(NEIGHBOUR_MODEL)
+    config = mc.ModelConfig(name="slow_neighbour", backend="python", max_batch_size=0)
+    config.input.add(name="IN", data_type=mc.TYPE_INT32, dims=[1])
+    (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return folder / "release"
+
+
+def test_a_model_that_loads_longer_leaves_the_vllm_model_serving(tmp_path):
+    """The vLLM model is ready while a neighbour still loads, so the server answers readiness questions with
+    "Server not ready"; asked anyway, they printed tracebacks (and can corrupt the stub's shared memory: two
+    instances crashed the server on 2026-12-03). With no request in flight the backend asks none."""
+    repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
+    release = add_slow_neighbour(repository)
+    server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
+    server.start()
+    try:
+        deadline = time.monotonic() + 900
+        while "[vllm] vllm_model ready" not in server.log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline and server.process.poll() is None, server.log_tail(40)
+            time.sleep(0.5)
+        time.sleep(3)  # six health polls of the vLLM model while the server is not ready
+        release.touch()
+        server.wait_ready(timeout=120, progress=False)
+        prompt = "The capital of France is"
+        status, body = generate(server.http_url, {"text_input": prompt, "temperature": 0, "max_tokens": 4})
+        assert status == 200 and is_continuation(body["text_output"], prompt), body
+        assert "Server not ready" not in server.log_path.read_text(errors="replace")
+    finally:
+        server.stop()

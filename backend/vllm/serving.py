@@ -38,12 +38,14 @@ import triton_python_backend_utils as pb_utils
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.lora.request import LoRARequest
+from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from .checks import instance_kind_problem
+from .coordination import answer_within, one_engine_start_at_a_time
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
@@ -320,7 +322,8 @@ class VllmModel:
             engine_args.hf_config_path or engine_args.model, trust_remote_code=engine_args.trust_remote_code,
             revision=engine_args.revision,
         )
-        self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
+        with one_engine_start_at_a_time(current_platform.is_cuda_alike(), lambda line: self.logger.log_info(f"[vllm] {line}")):
+            self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
         engine_s = time.perf_counter() - engine_started
         self.max_model_len = self.engine.model_config.max_model_len
         scheduler = self.engine.vllm_config.scheduler_config
@@ -543,8 +546,13 @@ class VllmModel:
         A dead engine: fail what is in flight, refuse new work, take the model offline. An unload (or a
         server shutdown): Triton waits for in-flight requests before it calls finalize, so long streams
         would hold it for minutes; once Triton reports this model not ready, they are stopped instead.
+
+        Readiness is asked only while requests are in flight: they are what an unload waits on, and one has
+        arrived only once the server was ready. A question the server refuses ("Server not ready", while
+        another instance or model still loads) is dangerous in Triton 2.51: the server frees the error
+        message it hands the stub while the stub may still be reading it, and the stub's shared memory
+        is corrupted (two instances on 2 CPU cores: the stub crashed at the next readiness question).
         """
-        seen_ready = False
         while self._dead is None:
             await asyncio.sleep(HEALTH_POLL_S)
             if self.engine.errored:
@@ -552,9 +560,10 @@ class VllmModel:
                 self.logger.log_error(f"[vllm] engine died: {self._dead!r}; unloading {self.model_name}")
                 threading.Thread(target=self._unload_self, daemon=True).start()
                 return
+            if not self._streams:
+                continue
             ready = await self.loop.run_in_executor(self._pollers, self._ask_ready)
-            seen_ready = seen_ready or bool(ready)
-            if seen_ready and not ready and self._accepting:
+            if not ready and self._accepting:
                 self.logger.log_info(f"[vllm] {self.model_name} is being unloaded (ready: {ready}): stopping {len(self._streams)} request(s)")
                 self._accepting = False
                 for stream in list(self._streams.values()):
@@ -562,16 +571,13 @@ class VllmModel:
                 return  # no more readiness requests: the server is busy unloading us
 
     def _ask_ready(self) -> bool | None:
-        """Triton's readiness of this model; None when the server does not answer within READY_WAIT_S.
+        """Triton's readiness of this model; None when the server does not answer within READY_WAIT_S or
+        refuses (it is shutting down).
 
         While Triton unloads this model, a readiness request can wait on the unload itself, which waits on
-        finalize: the question is asked from a thread nobody joins, and no answer means "being unloaded".
+        finalize: with requests in flight (the only time it is asked), no answer means "being unloaded".
         """
-        answer: dict[str, bool] = {}
-        asker = threading.Thread(target=lambda: answer.setdefault("ready", pb_utils.is_model_ready(self.model_name)), daemon=True)
-        asker.start()
-        asker.join(READY_WAIT_S)
-        return answer.get("ready")
+        return answer_within(lambda: pb_utils.is_model_ready(self.model_name), READY_WAIT_S)
 
     def _dead_message(self) -> str:
         return (
