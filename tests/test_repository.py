@@ -1,6 +1,8 @@
 """Model repositories: config.pbtxt through protobuf, model.json against vLLM's AsyncEngineArgs."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -34,6 +36,23 @@ def test_a_typo_in_config_pbtxt_is_an_error_naming_the_field(tmp_path):
 def test_unknown_engine_arg_is_an_error_naming_the_key(tmp_path):
     with pytest.raises(repo.RepositoryError, match="disable_log_requests"):
         repo.write_model(tmp_path, repo.make_config("m"), {"model": "x", "disable_log_requests": True})
+
+
+def test_the_keys_read_from_vllms_source_are_its_engine_args_fields():
+    assert repo.engine_arg_names() == set(repo.engine_arg_fields())
+
+
+def test_checking_a_repository_imports_no_vllm(tmp_path):
+    """Writing and checking model.json stays instant: vLLM's import is left to the server that runs it."""
+    script = (
+        "import sys; from utils import repository as repo; "
+        f"repo.write_model({str(tmp_path)!r}, repo.make_config('m'), {{'model': 'x', 'dtype': 'float32'}}); "
+        f"repo.validate_repository({str(tmp_path)!r}); "
+        "print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=repo.paths.PROJECT_ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_model_is_required():

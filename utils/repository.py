@@ -13,7 +13,10 @@ typo is an error, not a silently ignored line); ``model.json`` is checked agains
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -99,17 +102,40 @@ def config_as_dict(config: mc.ModelConfig) -> dict:
 
 # ---- model.json ------------------------------------------------------------------------------------
 def engine_arg_fields() -> dict[str, dataclasses.Field]:
-    """vLLM's AsyncEngineArgs fields: the keys model.json may hold."""
+    """vLLM's AsyncEngineArgs fields, with their defaults (importing vLLM: seconds)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     return {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_names() -> frozenset[str]:
+    """The keys model.json may hold: AsyncEngineArgs' fields, read from vLLM's source without importing it.
+
+    Importing ``vllm.engine.arg_utils`` imports torch and vLLM's whole configuration, 4-7 s on 2 CPU cores
+    and 10-20 s on a fresh GPU machine: every repository written or started would pay it before Triton
+    even starts, and the backend imports vLLM again. tests/test_repository.py checks that the names
+    equal the imported dataclass's fields.
+    """
+    spec = importlib.util.find_spec("vllm")  # the top-level package only: finding a submodule would import vllm
+    source = Path(spec.submodule_search_locations[0]) / "engine" / "arg_utils.py" if spec else None
+    if source is None or not source.is_file():
+        return frozenset(engine_arg_fields())
+    classes = {node.name: node for node in ast.parse(source.read_text()).body if isinstance(node, ast.ClassDef)}
+    names: set[str] = set()
+    for name in ("EngineArgs", "AsyncEngineArgs"):  # AsyncEngineArgs(EngineArgs): both classes' fields
+        for statement in classes[name].body:
+            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                if "ClassVar" not in ast.unparse(statement.annotation):
+                    names.add(statement.target.id)
+    return frozenset(names)
 
 
 def validate_engine_args(settings: dict) -> dict:
     """Reject what vLLM would: a non-object, an unknown key (named), a missing ``model``."""
     if not isinstance(settings, dict):
         raise RepositoryError("model.json must hold a JSON object of AsyncEngineArgs")
-    unknown = sorted(set(settings) - set(engine_arg_fields()))
+    unknown = sorted(set(settings) - engine_arg_names())
     if unknown:
         raise RepositoryError(f"model.json: unknown AsyncEngineArgs key(s) {unknown} (vLLM would refuse to start)")
     if not settings.get("model"):
