@@ -131,6 +131,7 @@ PY
     timeout $(( ${NOTEBOOKS_LIMIT_S:-560} - ($(date +%s) - t0) )) $PY -m pytest notebooks -p no:cacheprovider --tb=short --durations=0 \
       --junitxml="$OUT/notebooks-junit.xml" 2>&1 | without_progress | tee -a "$OUT/notebooks.log"
     make stop PYTHON=$PY | tee -a "$OUT/notebooks.log"
+    cp "$(ls -td "$TUTORIAL_HOME"/runs/serve-*/ | head -1)server.log" "$OUT/notebooks-server.log"  # when Triton started, what it waited on
     echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     ;;
   *)
