@@ -1,12 +1,15 @@
 """How an instance waits on what lies outside it: Triton's answers (a question that fails or hangs is no
-answer, quietly) and other engines' starts on the GPU (one at a time, across processes). The rules run inside
-Triton's stub; tests/test_instances.py starts two instances through them."""
+answer, quietly; readiness asked over HTTP, at the address on Triton's command line) and other engines'
+starts on the GPU (one at a time, across processes). The rules run inside Triton's stub;
+tests/test_instances.py and tests/test_lifecycle.py run them there."""
 
 from __future__ import annotations
 
 import importlib.util
 import multiprocessing
 import re
+import http.server
+import socket
 import threading
 import time
 
@@ -82,3 +85,48 @@ def test_engines_on_a_cpu_start_together(tmp_path):
     (first_in, first_out, _), (second_in, _, _) = starts_of_two_processes(False, tmp_path)
     assert second_in < first_out
     assert not (tmp_path / coordination.START_LOCK_NAME).exists()
+
+
+def test_the_http_address_comes_from_tritons_command_line():
+    address = coordination.triton_http_address
+    assert address(["tritonserver", "--model-repository=/m"]) == "127.0.0.1:8000"
+    assert address(["tritonserver", "--http-address=127.0.0.1", "--http-port=21286"]) == "127.0.0.1:21286"
+    assert address(["tritonserver", "--http-port", "9000", "--http-address", "10.0.0.5"]) == "10.0.0.5:9000"
+    assert address(["tritonserver", "--http-address=::1", "--http-port=9000"]) == "[::1]:9000"
+    assert address(["tritonserver", "--http-address=0.0.0.0"]) == "127.0.0.1:8000"
+    assert address(["tritonserver", "--allow-http=false"]) is None
+
+
+class ReadinessAnswers(http.server.BaseHTTPRequestHandler):
+    """A stand-in for Triton's endpoint: ready models answer 200, others 400, 'slow' after 5 s."""
+
+    def do_GET(self) -> None:
+        if self.path.endswith("/slow/ready"):
+            time.sleep(5)
+        self.send_response(200 if self.path == "/v2/models/ready_model/ready" else 400)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ReadinessAnswers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_readiness_over_http_is_an_answer_even_when_refused(endpoint):
+    assert coordination.model_ready_over_http(endpoint, "ready_model", timeout=2) is True
+    assert coordination.model_ready_over_http(endpoint, "unloading_model", timeout=2) is False
+
+
+def test_a_closed_endpoint_is_not_ready_and_a_slow_one_is_no_answer(endpoint):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+    assert coordination.model_ready_over_http(closed, "ready_model", timeout=2) is False
+    ask_slow = lambda: coordination.model_ready_over_http(endpoint, "slow", timeout=0.5)  # noqa: E731
+    assert coordination.answer_within(ask_slow, wait_s=3) is None

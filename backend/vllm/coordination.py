@@ -1,5 +1,5 @@
 """Waiting on what lies outside an instance: Triton's answers to its questions, and other engines starting on
-the same GPU. Nothing here imports Triton or vLLM, so both rules are tested on their own
+the same GPU. Nothing here imports Triton or vLLM, so the rules are tested on their own
 (tests/test_coordination.py)."""
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ import os
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,6 +37,52 @@ def answer_within(question: Callable[[], bool], wait_s: float) -> bool | None:
     asker.start()
     asker.join(wait_s)
     return answer.get("value")
+
+
+def triton_http_address(command: list[str]) -> str | None:
+    """Where the Triton of ``command`` (its command line) answers HTTP; None when HTTP is off.
+
+    Triton takes ``--name=value`` and ``--name value``; it listens on 0.0.0.0:8000 unless told otherwise.
+    """
+    options: dict[str, str] = {}
+    args = iter(command[1:])
+    for arg in args:
+        if arg.startswith("--"):
+            name, has_value, value = arg[2:].partition("=")
+            options[name] = value if has_value else next(args, "")
+    if options.get("allow-http", "true").lower() in ("false", "0", "no", "off"):
+        return None
+    host = options.get("http-address", "0.0.0.0")
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"{host}:{options.get('http-port', '8000')}"
+
+
+def parent_command_line() -> list[str]:
+    """The command line of the process that started this one (Triton, for a stub); empty when unreadable."""
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def model_ready_over_http(address: str, model: str, timeout: float) -> bool:
+    """Triton's answer to ``GET /v2/models/<model>/ready``: a question it can refuse without harm.
+
+    Refused (400: the model is not ready, or the server is shutting down) or unanswered (its endpoint
+    closed) means not ready; a slow answer raises, for `answer_within` to count as none.
+    """
+    url = f"http://{address}/v2/models/{urllib.parse.quote(model)}/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status == 200
+    except urllib.error.HTTPError:
+        return False
+    except urllib.error.URLError as err:
+        if isinstance(err.reason, TimeoutError):
+            raise
+        return False
 
 
 @contextlib.contextmanager

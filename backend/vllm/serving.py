@@ -45,7 +45,13 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from .checks import instance_kind_problem
-from .coordination import answer_within, one_engine_start_at_a_time
+from .coordination import (
+    answer_within,
+    model_ready_over_http,
+    one_engine_start_at_a_time,
+    parent_command_line,
+    triton_http_address,
+)
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
@@ -312,6 +318,8 @@ class VllmModel:
         self._ready = SendQueue()  # the streams with something pending, in the order they are served
         self._dead: BaseException | None = None
         self._accepting = True
+        self._http_address = triton_http_address(parent_command_line())  # where to ask readiness safely
+        self._http_trusted = False
 
         self._stat_loggers: list = []
         stat_loggers = None
@@ -547,11 +555,13 @@ class VllmModel:
         server shutdown): Triton waits for in-flight requests before it calls finalize, so long streams
         would hold it for minutes; once Triton reports this model not ready, they are stopped instead.
 
-        Readiness is asked only while requests are in flight: they are what an unload waits on, and one has
-        arrived only once the server was ready. A question the server refuses ("Server not ready", while
-        another instance or model still loads) is dangerous in Triton 2.51: the server frees the error
-        message it hands the stub while the stub may still be reading it, and the stub's shared memory
-        is corrupted (two instances on 2 CPU cores: the stub crashed at the next readiness question).
+        Readiness is asked only while requests are in flight (they are what an unload waits on), and over
+        Triton's HTTP endpoint when it has one. The stub's own question (``pb_utils.is_model_ready``) is
+        dangerous whenever the server refuses it ("Server not ready": starting with another instance or
+        model still loading, or shutting down): Triton 2.51 frees the error message it hands the stub
+        while the stub may still be reading it, and the stub crashes (2 CPU cores: at startup beside a
+        model that loads longer; at a SIGTERM with streams in flight, after which Triton never exited).
+        Over HTTP a refusal is only a 400.
         """
         while self._dead is None:
             await asyncio.sleep(HEALTH_POLL_S)
@@ -571,12 +581,24 @@ class VllmModel:
                 return  # no more readiness requests: the server is busy unloading us
 
     def _ask_ready(self) -> bool | None:
-        """Triton's readiness of this model; None when the server does not answer within READY_WAIT_S or
-        refuses (it is shutting down).
+        """Triton's readiness of this model; None when the server does not answer within READY_WAIT_S.
 
         While Triton unloads this model, a readiness request can wait on the unload itself, which waits on
         finalize: with requests in flight (the only time it is asked), no answer means "being unloaded".
+        The HTTP address comes from Triton's command line; until it has once said "ready" it is not
+        trusted (a wrong address would stop every stream), and the stub's question replaces it.
         """
+        if self._http_address is not None:
+            ask_http = functools.partial(model_ready_over_http, self._http_address, self.model_name, READY_WAIT_S)
+            ready = answer_within(ask_http, READY_WAIT_S + 1)
+            if ready or self._http_trusted:
+                self._http_trusted = True
+                return ready
+            self.logger.log_warn(
+                f"[vllm] Triton's HTTP endpoint {self._http_address} did not say {self.model_name} is ready "
+                "while it served requests: asking through the stub instead"
+            )
+            self._http_address = None
         return answer_within(lambda: pb_utils.is_model_ready(self.model_name), READY_WAIT_S)
 
     def _dead_message(self) -> str:
