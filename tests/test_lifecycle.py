@@ -159,6 +159,42 @@ def test_a_sigterm_with_streams_in_flight_leaves_nothing_behind(scratch):
     assert len(results) == 3 and all(r.error is not None and "being unloaded" in r.error for r in results), results
 
 
+def still_running(processes: list[psutil.Process]) -> list[str]:
+    """Names of those still running (a zombie has exited: here nobody may reap it)."""
+    names = []
+    for process in processes:
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                names.append(process.name())
+        except psutil.NoSuchProcess:
+            continue
+    return names
+
+
+def test_a_killed_server_leaves_no_engine_behind(tmp_path):
+    """Triton killed (or crashed) with streams in flight: its stub, re-parented away, stops vLLM's engine and
+    exits (both stayed for as long as anyone looked, holding their memory; a GPU's, on a GPU)."""
+    repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
+    server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
+    server.start().wait_ready(timeout=900, progress=False)
+    try:
+        results, threads = start_long_streams(server, 2)
+        wait_for_engine_tokens(server)
+        left = psutil.Process(server.process.pid).children(recursive=True)
+        assert engine_processes(server) and left
+        server.process.kill()
+        deadline = time.monotonic() + 20
+        while still_running(left) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert still_running(left) == []
+        assert "is gone: stopping the engine and this stub" in server.log_path.read_text(errors="replace")
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(results) == 2 and all(r.error is not None for r in results)
+    finally:
+        server.stop()
+
+
 def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
     """Triton binds its ports only once the model is loaded; when one is taken by then it exits, and its stub
     and vLLM's engine, re-parented away from it, must not stay behind (both did, in CI on 2026-12-03)."""

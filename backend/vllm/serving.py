@@ -26,6 +26,7 @@ import functools
 import gc
 import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -63,6 +64,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.25
 HEALTH_POLL_S = 0.5
 READY_WAIT_S = 2.0
+ENGINE_STOP_WAIT_S = 10.0  # a stub left by a dead Triton exits after this even if the engine's shutdown hangs
 UNLOADING = "the model is being unloaded"
 
 
@@ -318,6 +320,7 @@ class VllmModel:
         self._ready = SendQueue()  # the streams with something pending, in the order they are served
         self._dead: BaseException | None = None
         self._accepting = True
+        self._triton_pid = os.getppid()  # Triton starts each stub itself
         self._http_address = triton_http_address(parent_command_line())  # where to ask readiness safely
         self._http_trusted = False
 
@@ -336,6 +339,7 @@ class VllmModel:
         self.max_model_len = self.engine.model_config.max_model_len
         scheduler = self.engine.vllm_config.scheduler_config
         self._on_loop(self._start_watchers(), timeout=30)
+        threading.Thread(target=self._leave_with_triton, name="triton-watch", daemon=True).start()
         freeze_startup_heap()
         self.logger.log_info(
             f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
@@ -579,6 +583,21 @@ class VllmModel:
                 for stream in list(self._streams.values()):
                     stream.task.cancel(UNLOADING)
                 return  # no more readiness requests: the server is busy unloading us
+
+    def _leave_with_triton(self) -> None:
+        """(its own thread) Once Triton is gone (killed, crashed, or past its exit timeout), stop vLLM's engine
+        and exit: the stub does not notice on its own, and it and the engine's processes stayed for as long as
+        anyone looked, holding their memory (a GPU's, on a GPU). Not on the event loop: a response being
+        sent to a dead Triton blocks it for good. Triton's logger is gone with Triton; stderr is its log file."""
+        while os.getppid() == self._triton_pid:
+            time.sleep(HEALTH_POLL_S)
+        print(f"[vllm] Triton (pid {self._triton_pid}) is gone: stopping the engine and this stub", file=sys.stderr, flush=True)
+        threading.Timer(ENGINE_STOP_WAIT_S, os._exit, args=(1,)).start()
+        try:
+            if self.engine is not None:
+                self.engine.shutdown()
+        finally:
+            os._exit(1)
 
     def _ask_ready(self) -> bool | None:
         """Triton's readiness of this model; None when the server does not answer within READY_WAIT_S.
