@@ -44,7 +44,8 @@ def test_both_instances_serve_a_burst_with_exact_token_counts(two_instances):
     while sum(finished_per_instance(two_instances).values()) < 8 and time.monotonic() < deadline:
         time.sleep(0.5)
     finished = finished_per_instance(two_instances)
-    assert sum(finished.values()) == 8 and min(finished.values()) >= 2, finished
+    # Triton hands each request to whichever instance is free, with no promise of balance: 4/4 and 7/1 seen in CI
+    assert sum(finished.values()) == 8 and min(finished.values()) >= 1, finished
 
 
 def test_each_instance_gets_a_whole_kv_cache(two_instances):
