@@ -5,13 +5,14 @@ tests/test_instances.py and tests/test_lifecycle.py run them there."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import multiprocessing
 import re
-import http.server
 import socket
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -121,6 +122,13 @@ def endpoint():
 def test_readiness_over_http_is_an_answer_even_when_refused(endpoint):
     assert coordination.model_ready_over_http(endpoint, "ready_model", timeout=2) is True
     assert coordination.model_ready_over_http(endpoint, "unloading_model", timeout=2) is False
+
+
+def test_a_proxy_in_the_environment_is_not_asked(endpoint, monkeypatch):
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("no_proxy", "")
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's opener reads the environment when first built
+    assert coordination.model_ready_over_http(endpoint, "ready_model", timeout=2) is True
 
 
 def test_a_closed_endpoint_is_not_ready_and_a_slow_one_is_no_answer(endpoint):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 START_LOCK_NAME = f"triton-vllm-gpu-engine-start-{os.getuid()}.lock"
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # Triton is local: an http_proxy must not relay
 
 
 def answer_within(question: Callable[[], bool], wait_s: float) -> bool | None:
@@ -75,7 +76,7 @@ def model_ready_over_http(address: str, model: str, timeout: float) -> bool:
     """
     url = f"http://{address}/v2/models/{urllib.parse.quote(model)}/ready"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
+        with DIRECT.open(url, timeout=timeout) as reply:
             return reply.status == 200
     except urllib.error.HTTPError:
         return False
