@@ -14,7 +14,8 @@
 #              8 s per level (AB_DURATION), the variants alternated AB_ROUNDS times (default 2: one pair on 2026-12-03
 #              was slower at concurrency 1, where the designs do not differ); compare requests/s, TTFT,
 #              tokens_per_response and server_execute_ms (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
-#              with two instances of the model in Triton (two engines, two Python processes: ab-NAME-x2-rROUND.csv)
+#              with two instances of the model in Triton (two engines, two Python processes: ab-NAME-x2-rROUND.csv);
+#              AB_DIRECT=1 adds the in-process engine at the same levels (ab-direct-r1.csv), the ceiling
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -96,6 +97,11 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
         done
       done
     done
+    if [ -n "${AB_DIRECT:-}" ]; then  # the in-process engine at the same levels: the ceiling the variants are measured against
+      $PY -m utils.bench --targets direct --concurrency "${AB_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 \
+        --duration "${AB_DURATION:-8}" --no-plots --out "$TUTORIAL_HOME/ab-direct" 2>&1 | without_progress | tee "$OUT/ab-direct.log"
+      cp "$TUTORIAL_HOME/ab-direct/summary.csv" "$OUT/ab-direct-r1.csv"
+    fi
     $PY - "$OUT" <<'PY' | tee "$OUT/ab-table.txt"  # one table: variant and round side by side per protocol and level
 import glob, os, sys
 import pandas as pd

@@ -34,9 +34,9 @@ def drain(queue: "turns.SendQueue") -> list[str]:
     return [queue.pop() for _ in range(len(queue))]
 
 
-def run_turn(waiting: list[str], allowance_s: float) -> tuple[list[str], list[str]]:
+def run_turn(waiting: list[str], allowance_s: float, firsts: set[str] = frozenset()) -> tuple[list[str], list[str]]:
     clock = FakeClock()
-    ready = queue_of(waiting)
+    ready = queue_of(waiting, firsts)
     sent: list[str] = []
 
     def deliver(stream: str) -> None:
@@ -47,10 +47,19 @@ def run_turn(waiting: list[str], allowance_s: float) -> tuple[list[str], list[st
     return sent, drain(ready)
 
 
-def test_a_turn_sends_for_as_long_as_the_allowance_longest_waiting_first():
-    sent, left = run_turn([f"r{i}" for i in range(256)], allowance_s=4 * SEND_S)
-    assert sent == ["r0", "r1", "r2", "r3"]  # 1 ms of sending at 0.25 ms each
+def test_later_responses_get_their_share_of_the_allowance_longest_waiting_first():
+    allowance_s = 16 * SEND_S  # 4 ms of processing since the previous turn
+    sent, left = run_turn([f"r{i}" for i in range(256)], allowance_s)
+    assert turns.LATER_SHARE * allowance_s == 4 * SEND_S  # the rule under test: a quarter of it for sending
+    assert sent == ["r0", "r1", "r2", "r3"]
     assert left[0] == "r4" and len(left) == 252  # the rest wait, in order, for the next turn
+
+
+def test_every_first_response_goes_whatever_the_allowance():
+    waiting = [f"later{i}" for i in range(8)] + [f"new{i}" for i in range(100)]
+    sent, left = run_turn(waiting, allowance_s=0.0, firsts={f"new{i}" for i in range(100)})
+    assert sent == [f"new{i}" for i in range(100)] + ["later0"]  # then one later response, the least a turn sends
+    assert left == [f"later{i}" for i in range(1, 8)]
 
 
 def test_a_turn_sends_at_least_one_response_even_with_no_allowance():
@@ -58,7 +67,7 @@ def test_a_turn_sends_at_least_one_response_even_with_no_allowance():
     assert sent == ["a"] and left == ["b"]
 
 
-def test_an_idle_loop_gives_a_turn_enough_to_send_everything_waiting():
+def test_after_an_idle_loop_a_turn_sends_everything_waiting():
     sent, left = run_turn([f"r{i}" for i in range(64)], allowance_s=1.0)
     assert len(sent) == 64 and left == []
 

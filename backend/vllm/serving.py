@@ -5,16 +5,17 @@ answered at once with an INVALID_ARG error naming the field) and hand the valid 
 thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM's ``AsyncLLM`` runs. Each
 request is one task that iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and merges every
 output into the request's pending response (text, token count, logprobs); it sends nothing itself. One
-sender task sends the requests that have something pending, one response each, first responses ahead
-of the rest (a client waits longest for its first; ``turns.SendQueue``), each in order of waiting, in
-turns: a turn lasts as long as has passed since the previous one ended, so under load sending and the
-engine's output processing share the loop half and half. ``send`` is an IPC round trip to the Triton
-process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the loop does nothing
-else; outputs made meanwhile merge into the pending responses and the next turn carries them. Two designs
-failed at 256 streams on an H200: a send per engine output from each request's task tied the engine to
+sender task sends the requests that have something pending, one response each, in turns (``turns``): a
+turn sends every waiting first response (a client waits longest for its first, and each request has one),
+then later responses, each in order of waiting, for a quarter of the time since the previous turn ended,
+so under load the engine's output processing keeps most of the loop. ``send`` is an IPC round trip to the
+Triton process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the loop does
+nothing else; outputs made meanwhile merge into the pending responses and the next turn carries them.
+Measured at 256 streams on an H200: a send per engine output from each request's task tied the engine to
 256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the loop
-fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process).
-The turns, against it (H200, 256 streams): 6-8 tokens per response, TTFT p50 0.4 s, 24-41 % fewer req/s.
+fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process);
+turns sharing the loop half and half sent 7-8 tokens per response at 0.65 of the in-process engine's
+requests/s; the quarter share sends 22-25 at 0.92-0.98 of it, TTFT p50 164-276 ms against 152 (2026-12-04).
 Triton's cancellation flags are polled from a thread of their own, so those round trips leave the loop free.
 """
 
@@ -499,8 +500,8 @@ class VllmModel:
             self._has_ready.set()
 
     async def _send_in_turn(self) -> None:
-        """The only place streams are sent: turns as long as the time since the previous turn ended
-        (``turns.send_one_turn``), and the loop's other work runs between two turns."""
+        """The only place streams are sent, in turns (``turns.send_one_turn``: every first response, then later
+        ones for a share of the time since the previous turn ended); the loop's other work runs between two."""
         turn_ended = time.perf_counter()
         while True:
             if not self._ready:

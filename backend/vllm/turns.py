@@ -34,6 +34,10 @@ class SendQueue:
         """The next stream to serve: the longest-waiting first response, else the longest-waiting other."""
         return (self._first or self._later).popitem(last=False)[1]
 
+    def has_first(self) -> bool:
+        """Whether a first response is waiting."""
+        return bool(self._first)
+
     def clear(self) -> None:
         self._first.clear()
         self._later.clear()
@@ -42,22 +46,34 @@ class SendQueue:
         return len(self._first) + len(self._later)
 
 
+# The share of a turn's allowance later responses get (first responses are never held back). Measured side by
+# side on one H200 (2026-12-04, 256 streams, HTTP / gRPC): 1.0 (sending and output processing half and half)
+# served 129 / 130 requests/s with 7-8 tokens per response, TTFT p50 526 / 308 ms; 0.25 served 195 / 182 with
+# 22-25 tokens per response, TTFT p50 276 / 164 ms (the in-process engine: 199, 152 ms). Only these two were measured.
+LATER_SHARE = 0.25
+
+
 def send_one_turn(
     ready: SendQueue, deliver: Callable[[object], None], allowance_s: float, clock: Callable[[], float] = time.perf_counter
 ) -> int:
-    """Send the streams waiting in ``ready``, in its order, one response each, until ``allowance_s`` has been
-    spent (at least one send). Returns how many were sent.
+    """Send every first response waiting in ``ready``, then later responses in order of waiting until
+    ``LATER_SHARE`` of ``allowance_s`` has been spent on them (at least one). Returns how many were sent.
 
-    The sender passes the time since its previous turn ended as the allowance: while the engine's outputs
-    keep the loop busy, sending then gets as much of it as processing them (half and half), and when the
-    loop has nothing else to do a turn sends everything waiting. A stream not reached waits at the front of
-    its line for the next turn.
+    The sender passes the time since its previous turn ended as the allowance, which under load is the time
+    the loop spent processing the engine's outputs. Each send is an IPC round trip during which the loop
+    does nothing else, so the less of the loop sending takes, the more outputs it processes and the more
+    tokens each later response carries; a first response is what a client waits longest for, and each
+    request has only one, so those all go at once. After the loop has been idle, the allowance is the idle
+    time and a turn sends what it can of the backlog. A stream not reached waits at the front of its line.
     """
-    started = clock()
     sent = 0
+    while ready.has_first():
+        deliver(ready.pop())
+        sent += 1
+    started = clock()
     while ready:
         deliver(ready.pop())
         sent += 1
-        if clock() - started >= allowance_s:
+        if clock() - started >= allowance_s * LATER_SHARE:
             break
     return sent
