@@ -83,3 +83,29 @@ def test_a_stream_already_waiting_keeps_its_place_and_a_discarded_one_is_gone():
     queue.discard("b")
     queue.discard("missing")
     assert len(queue) == 2 and drain(queue) == ["a", "c"] and not queue
+
+
+def _delta(text: str, token: int, finished: bool = False):
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    completion = CompletionOutput(index=0, text=text, token_ids=[token], cumulative_logprob=None, logprobs=None)
+    return RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1, 2], prompt_logprobs=None, outputs=[completion], finished=finished)
+
+
+def test_vllms_collector_rings_the_doorbell_once_per_response_and_merges_the_outputs_between():
+    """Against the installed vLLM's own output collector: the backend relies on it calling ``ready.set`` on the
+    first output after a take and merging the rest (a vLLM release that changes this breaks the backend here)."""
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import RequestOutputCollector
+
+    collector = RequestOutputCollector(RequestOutputKind.DELTA, "r")
+    queue = turns.SendQueue()
+    collector.ready = turns.Doorbell(lambda: queue.add("r", collector, first=True))
+    for token, text in enumerate([" Paris", ",", " France"]):
+        collector.put(_delta(text, token))
+    assert len(queue) == 1
+    merged = queue.pop().get_nowait()
+    assert (merged.outputs[0].text, list(merged.outputs[0].token_ids), merged.finished) == (" Paris, France", [0, 1, 2], False)
+    assert collector.get_nowait() is None
+    collector.put(_delta(".", 3, finished=True))
+    assert len(queue) == 1 and queue.pop().get_nowait().finished

@@ -2,20 +2,22 @@
 
 Design: Triton's stub calls ``execute`` on its main thread; we validate each request there (bad input is
 answered at once with an INVALID_ARG error naming the field) and hand the valid ones to an asyncio loop on a
-thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM's ``AsyncLLM`` runs. Each
-request is one task that iterates ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA`` and merges every
-output into the request's pending response (text, token count, logprobs); it sends nothing itself. One
-sender task sends the requests that have something pending, one response each, in turns (``turns``): a
-turn sends every waiting first response (a client waits longest for its first, and each request has one),
-then later responses, each in order of waiting, for a quarter of the time since the previous turn ended,
-so under load the engine's output processing keeps most of the loop. ``send`` is an IPC round trip to the
-Triton process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the loop does
-nothing else; outputs made meanwhile merge into the pending responses and the next turn carries them.
-Measured at 256 streams on an H200: a send per engine output from each request's task tied the engine to
-256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the loop
-fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process);
+thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM's ``AsyncLLM`` runs. A request
+is added with ``AsyncLLM.add_request`` (``RequestOutputKind.DELTA`` when streaming): vLLM's output collector for
+it merges the engine's outputs until they are taken, and its ``ready`` event is replaced by a doorbell
+(``turns.Doorbell``) that puts the request in the sending queue, so no task per request wakes per engine step
+as ``AsyncLLM.generate``'s callers do. One sender task takes each queued request's merged output and sends it as
+one response, in turns (``turns``): a turn sends every waiting first response (a client waits longest for its
+first, and each request has one), then later responses, each in order of waiting, for a quarter of the time
+since the previous turn ended, so under load the engine's output processing keeps most of the loop. ``send``
+is an IPC round trip to the Triton process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC)
+during which the loop does nothing else; outputs made meanwhile merge in the collectors and the next turn
+carries them. Measured at 256 streams on an H200: a send per engine output from each request's task tied the
+engine to 256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the
+loop fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process);
 turns sharing the loop half and half sent 7-8 tokens per response at 0.65 of the in-process engine's
-requests/s; the quarter share sends 22-25 at 0.92-0.98 of it, TTFT p50 164-276 ms against 152 (2026-12-04).
+requests/s; the quarter share sends 22-25 at 0.92-0.98 of it, TTFT p50 164-276 ms against 152 (2026-12-04,
+each request still with a task iterating ``generate``).
 Triton's cancellation flags are polled from a thread of their own, so those round trips leave the loop free.
 """
 
@@ -57,7 +59,7 @@ from .coordination import (
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
-from .turns import SendQueue, send_one_turn
+from .turns import Doorbell, SendQueue, send_one_turn
 
 INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
 REQUEST_ONLY_KEYS = {"lora_name"}
@@ -210,31 +212,6 @@ def logprob_entries(completion) -> list[dict]:
     ]
 
 
-@dataclass
-class PendingResponse:
-    """What a request's engine outputs hold that its client has not been sent yet (merged until its turn)."""
-
-    text: str = ""
-    tokens: int = 0
-    logprobs: list = field(default_factory=list)
-    finish_reason: str = ""
-    cumulative_logprob: float = float("nan")
-    prompt_tokens: int = 0
-    final: bool = False
-
-    def add(self, text: str, output, want_logprobs: bool) -> None:
-        completion = output.outputs[0]
-        self.text += text
-        self.tokens += len(completion.token_ids)
-        if want_logprobs:
-            self.logprobs.extend(logprob_entries(completion))
-        self.finish_reason = str(completion.finish_reason or "")
-        if completion.cumulative_logprob is not None:
-            self.cumulative_logprob = completion.cumulative_logprob
-        self.prompt_tokens = len(output.prompt_token_ids or [])
-        self.final = bool(output.finished)
-
-
 class ResponseChannel:
     """One request's response sender: the loop's thread sends, the cancellation poller's thread asks
     whether the client is gone, and a lock keeps the two apart (never a question during a send or after release).
@@ -280,17 +257,18 @@ def cancelled_streams(streams: list) -> list:
 
 
 class RequestStream:
-    """One request in flight: its generating task, its response channel, what is pending for its client,
-    ``answered`` once its first response is out, and ``delivered``, set once its final response is out (the
-    task lives until then)."""
+    """One request in flight: its response channel, what its client asked for, the prompt that goes before its
+    first text (unless excluded), vLLM's output collector once the engine has the request (outputs merge there
+    until the sender takes them), ``answered`` once its first response is out and ``ended`` once its last is."""
 
-    def __init__(self, channel: ResponseChannel, wants: dict[str, bool]) -> None:
+    def __init__(self, request_id: str, channel: ResponseChannel, wants: dict[str, bool], prompt_prefix: str) -> None:
+        self.request_id = request_id
         self.channel = channel
         self.wants = wants
-        self.pending = PendingResponse()
-        self.task: asyncio.Task | None = None
+        self.prompt_prefix = prompt_prefix
+        self.collector = None
         self.answered = False
-        self.delivered = asyncio.Event()
+        self.ended = False
 
 
 class VllmModel:
@@ -319,6 +297,7 @@ class VllmModel:
         self._cancel_poller = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cancel-poll")
         self._streams: dict[str, RequestStream] = {}
         self._ready = SendQueue()  # the streams with something pending, in the order they are served
+        self._tasks: set[asyncio.Task] = set()  # requests being added to the engine, aborts: kept until done
         self._dead: BaseException | None = None
         self._accepting = True
         self._triton_pid = os.getppid()  # Triton starts each stub itself
@@ -439,44 +418,63 @@ class VllmModel:
         return LoRARequest(lora_name=name, lora_int_id=self._lora_ids[name], lora_path=self.loras[name])
 
     def _begin(self, request_id, parsed, params, lora, sender) -> None:
-        stream = RequestStream(ResponseChannel(sender), parsed.wants)
-        stream.task = self.loop.create_task(self._generate(request_id, parsed, params, lora, stream))
-        self._streams[request_id] = stream
-        stream.task.add_done_callback(lambda _t: self._finished(request_id, stream))
-
-    def _finished(self, request_id: str, stream: RequestStream) -> None:
-        self._streams.pop(request_id, None)
-        self._ready.discard(request_id)
-        stream.channel.release()
-
-    async def _generate(self, request_id, parsed: ParsedRequest, params: SamplingParams, lora, stream: RequestStream) -> None:
-        """Merge the engine's outputs into the stream's pending response; the sender delivers them."""
-        channel = stream.channel
         prompt_prefix = "" if parsed.exclude_input else parsed.prompt  # goes before the first text (streaming too)
-        want_logprobs = parsed.wants["return_logprobs"]
+        stream = RequestStream(request_id, ResponseChannel(sender), parsed.wants, prompt_prefix)
+        self._streams[request_id] = stream
+        self._spawn(self._start(stream, parsed.prompt, params, lora))
+
+    def _spawn(self, coro) -> None:
+        """A task the loop keeps a reference to until it is done (the loop itself holds only weak ones)."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start(self, stream: RequestStream, prompt: str, params: SamplingParams, lora) -> None:
+        """Hand the request to the engine and let its output collector ring for the sender (``turns.Doorbell``):
+        no task per request waits on the engine's outputs, the sender takes them when it serves the stream."""
         try:
-            if not await self._fits_context(parsed.prompt, params):
-                return channel.close(self._too_long(parsed.prompt, params))
-            finished = False
-            async for output in self.engine.generate(parsed.prompt, params, request_id, lora_request=lora):
-                stream.pending.add(prompt_prefix + output.outputs[0].text, output, want_logprobs)
-                prompt_prefix, finished = "", output.finished
-                self._queue_for_sending(request_id, stream)
-            if not finished:  # the engine ended the request without a final output
-                return channel.close(error_response("the engine ended the request early", pb_utils.TritonError.INTERNAL))
-            await stream.delivered.wait()
-        except asyncio.CancelledError as cancel:
-            if UNLOADING in cancel.args:  # tell the client why its stream stopped early
-                unloading = error_response(f"{UNLOADING}: request stopped", pb_utils.TritonError.UNAVAILABLE)
-                return channel.close(unloading)
-            channel.close()  # the client went away: close the stream (the engine has aborted it)
-        except EngineDeadError as err:
-            channel.close(error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE))
-        except (ValueError, VLLMValidationError) as err:  # vLLM's own input checks
-            channel.close(error_response(str(err)))
-        except Exception as err:  # noqa: BLE001 - any other failure still closes the stream with a reason
-            self.logger.log_error(f"[vllm] request {request_id} failed: {err!r}")
-            channel.close(error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL))
+            if not await self._fits_context(prompt, params):
+                return self._end(stream, self._too_long(prompt, params))
+            collector = await self.engine.add_request(stream.request_id, prompt, params, lora_request=lora)
+        except Exception as err:  # noqa: BLE001 - vLLM's input checks, a dead engine, anything: the client hears why
+            return self._end(stream, self._failure(stream, err))
+        stream.collector = collector
+        if stream.ended:  # the client left, or the model is being unloaded, while the engine took the request
+            return await self._abort(collector.request_id)
+        collector.ready = Doorbell(functools.partial(self._queue_for_sending, stream))
+        if collector.output is not None:  # arrived before the doorbell was in place (an engine error)
+            self._queue_for_sending(stream)
+
+    def _failure(self, stream: RequestStream, err: BaseException):
+        """The error response for a request the engine failed."""
+        if isinstance(err, EngineDeadError):
+            return error_response(f"vLLM engine died: {err}", pb_utils.TritonError.UNAVAILABLE)
+        if isinstance(err, (ValueError, VLLMValidationError)):  # vLLM's own input checks
+            return error_response(str(err))
+        self.logger.log_error(f"[vllm] request {stream.request_id} failed: {err!r}")
+        return error_response(f"generation failed: {err}", pb_utils.TritonError.INTERNAL)
+
+    def _end(self, stream: RequestStream, response=None, abort: bool = True) -> None:
+        """The stream is over: close it with ``response`` (an error) or just the final flag unless its final
+        response is out, free its sender, and abort its request in the engine unless it finished there."""
+        if stream.ended:
+            return
+        stream.ended = True
+        self._streams.pop(stream.request_id, None)
+        self._ready.discard(stream.request_id)
+        stream.channel.close(response)
+        stream.channel.release()
+        collector, stream.collector = stream.collector, None  # the collector's doorbell refers back to the stream
+        if collector is not None:
+            collector.close()
+            if abort:
+                self._spawn(self._abort(collector.request_id))
+
+    async def _abort(self, engine_request_id: str) -> None:
+        try:
+            await self.engine.abort(engine_request_id, internal=True)
+        except Exception as err:  # noqa: BLE001 - a dead engine has nothing left to abort
+            self.logger.log_verbose(f"[vllm] aborting {engine_request_id}: {err!r}")
 
     async def _fits_context(self, prompt: str, params: SamplingParams) -> bool:
         """Prompt plus max_tokens must fit the context; tokenizing is skipped when bytes already bound it."""
@@ -493,10 +491,9 @@ class VllmModel:
             f"{self.max_model_len} tokens"
         )
 
-    def _queue_for_sending(self, request_id: str, stream: RequestStream) -> None:
-        """Join the sending queue (a first response ahead of the others), unless already waiting there (then
-        the output just merges)."""
-        if self._ready.add(request_id, stream, first=not stream.answered):
+    def _queue_for_sending(self, stream: RequestStream) -> None:
+        """(rung by the stream's output collector) Join the sending queue, a first response ahead of the others."""
+        if self._ready.add(stream.request_id, stream, first=not stream.answered):
             self._has_ready.set()
 
     async def _send_in_turn(self) -> None:
@@ -512,29 +509,39 @@ class VllmModel:
             await asyncio.sleep(0)  # the loop's other work runs, and earns the next turn its allowance
 
     def _deliver(self, stream: RequestStream) -> None:
-        pending, stream.pending = stream.pending, PendingResponse()
+        """Send what the stream's collector has merged since its previous response, as one response."""
         try:
-            stream.channel.send(self._response(pending, stream.wants), FINAL if pending.final else 0)
+            output = stream.collector.get_nowait()
+        except Exception as err:  # noqa: BLE001 - the engine's error for this request (a dead engine)
+            return self._end(stream, self._failure(stream, err))
+        if output is None:  # taken already (the collector rang again with an error)
+            return
+        try:
+            stream.channel.send(self._response(stream, output), FINAL if output.finished else 0)
         except Exception as err:  # noqa: BLE001 - this client's stream is broken: stop its request, not the others
             self.logger.log_warn(f"[vllm] could not send a response: {err!r}; stopping the request")
-            stream.task.cancel()
-            return
+            return self._end(stream)
         stream.answered = True
-        if pending.final:
-            stream.delivered.set()
+        if output.finished:
+            self._end(stream, abort=False)
 
-    def _response(self, pending: PendingResponse, wants: dict[str, bool]):
-        tensors = [_string_tensor("text_output", pending.text)]
+    def _response(self, stream: RequestStream, output):
+        completion, wants = output.outputs[0], stream.wants
+        text, stream.prompt_prefix = stream.prompt_prefix + completion.text, ""
+        tensors = [_string_tensor("text_output", text)]
         if wants["return_finish_reason"]:
-            tensors.append(_string_tensor("finish_reason", pending.finish_reason))
+            tensors.append(_string_tensor("finish_reason", str(completion.finish_reason or "")))
         if wants["return_cumulative_logprob"]:
-            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([pending.cumulative_logprob], dtype=np.float32)))
+            cumulative = completion.cumulative_logprob
+            value = float("nan") if cumulative is None else cumulative
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([value], dtype=np.float32)))
         if wants["return_logprobs"]:
-            tensors.append(_string_tensor("logprobs", json.dumps(pending.logprobs)))
+            tensors.append(_string_tensor("logprobs", json.dumps(logprob_entries(completion))))
         if wants["return_num_input_tokens"]:
-            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([pending.prompt_tokens], dtype=np.uint32)))
+            prompt_tokens = len(output.prompt_token_ids or [])
+            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([prompt_tokens], dtype=np.uint32)))
         if wants["return_num_output_tokens"]:
-            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([pending.tokens], dtype=np.uint32)))
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(completion.token_ids)], dtype=np.uint32)))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     # ---- watchers --------------------------------------------------------------------------------
@@ -549,9 +556,9 @@ class VllmModel:
 
     async def _cancel_abandoned(self) -> None:
         # a function of its own, so no local variable keeps a finished request's sender alive between polls
-        streams = [stream for stream in self._streams.values() if not stream.task.done()]
+        streams = list(self._streams.values())
         for stream in await self.loop.run_in_executor(self._cancel_poller, cancelled_streams, streams):
-            stream.task.cancel()
+            self._end(stream)  # the client went away: close the stream, abort the request
 
     async def _watch_health(self) -> None:
         """Notice a dead engine or a pending unload at once (Triton gives a Python model no other signal).
@@ -581,8 +588,9 @@ class VllmModel:
             if not ready and self._accepting:
                 self.logger.log_info(f"[vllm] {self.model_name} is being unloaded (ready: {ready}): stopping {len(self._streams)} request(s)")
                 self._accepting = False
-                for stream in list(self._streams.values()):
-                    stream.task.cancel(UNLOADING)
+                unloading = f"{UNLOADING}: request stopped"
+                for stream in list(self._streams.values()):  # tell each client why its stream stopped early
+                    self._end(stream, error_response(unloading, pb_utils.TritonError.UNAVAILABLE))
                 return  # no more readiness requests: the server is busy unloading us
 
     def _leave_with_triton(self) -> None:
@@ -660,16 +668,16 @@ class VllmModel:
         self._streams.clear()
         self._ready.clear()
         self._watchers, self._sending = [], None
+        self._tasks.clear()
         gc.collect()
 
     async def _drain(self, grace: float) -> None:
         deadline = time.monotonic() + grace
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        tasks = [stream.task for stream in self._streams.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in list(self._streams.values()):
+            self._end(stream)
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # requests still being added, then aborted
         self._sending.cancel()  # after the streams: draining needs it
         await asyncio.gather(self._sending, return_exceptions=True)
         await self._stop_output_handler()

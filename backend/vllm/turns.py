@@ -1,6 +1,6 @@
-"""How the backend's one sender shares the event loop with vLLM's output processing, and in which order it
-serves the streams. Nothing here imports Triton or vLLM, so the rules are tested on their own
-(tests/test_sender_turns.py)."""
+"""How the backend's one sender learns which streams have something to send, shares the event loop with vLLM's
+output processing, and in which order it serves the streams. Nothing here imports Triton or vLLM, so the rules
+are tested on their own (tests/test_sender_turns.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,29 @@ class SendQueue:
 
     def __len__(self) -> int:
         return len(self._first) + len(self._later)
+
+
+class Doorbell:
+    """Stands in for the ``ready`` event of vLLM's per-request output collector (``RequestOutputCollector``), so
+    the engine's output handler queues the request for sending itself instead of waking a task per request.
+
+    The collector calls ``set`` when an output arrives while none is waiting (later ones merge into the waiting
+    one) and ``clear`` when the sender takes it: a request joins the send queue once per response. Nothing
+    awaits the collector (its ``get`` would wait on this), so at 256 streams no 256 task switches follow each
+    engine step (a micro-benchmark on CPU, 256 collectors: 1.9-2.0 ms per step with a task per request iterating
+    them as ``AsyncLLM.generate`` does, 0.6-0.7 ms with the sender taking the outputs).
+    """
+
+    __slots__ = ("_ring",)
+
+    def __init__(self, ring: Callable[[], None]) -> None:
+        self._ring = ring
+
+    def set(self) -> None:
+        self._ring()
+
+    def clear(self) -> None:
+        """Nothing to undo: the sender has taken the output, and the next one rings again."""
 
 
 # The share of a turn's allowance later responses get (first responses are never held back). Measured side by
