@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -146,6 +147,20 @@ def test_server_time_columns_are_mean_ms_per_request_between_readings():
     assert bench.server_time_columns(before, after) == {"server_queue_ms": 5.0, "server_execute_ms": 0.5}
     assert math.isnan(bench.server_time_columns(before, before)["server_queue_ms"])  # no request: no mean
     assert bench.server_time_columns(None, None) == {}  # not a Triton target
+
+
+def test_cpu_columns_are_cores_per_role_between_readings():
+    before = bench.CpuReading(at=10.0, machine_busy_s=100.0, processes={1: ("load", 1.0), 2: ("load", 2.0), 3: ("engine", 5.0)})
+    after = bench.CpuReading(
+        at=12.0, machine_busy_s=112.0,
+        processes={1: ("load", 2.5), 2: ("load", 2.2), 3: ("engine", 7.0), 4: ("frontend", 0.8), 5: ("frontend", 0.2)},
+    )  # fmt: skip
+    columns = bench.cpu_columns(before, after)
+    assert columns["cpu_machine"] == pytest.approx(6.0)  # 12 CPU seconds in 2 s
+    assert columns["cpu_load_busiest"] == pytest.approx(0.75)  # worker 1: 1.5 s of 2, not the sum of the workers
+    assert columns["cpu_engine"] == pytest.approx(1.0)
+    assert columns["cpu_frontend"] == pytest.approx(0.5)  # processes born during the level count from zero
+    assert math.isnan(columns["cpu_server"])  # no Triton in this level
 
 
 def test_closed_loop_shares_split_clients_evenly_and_requests_in_proportion():
@@ -361,6 +376,10 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
     # Triton's own statistics per level: every request was queued and taken by execute for a measurable time
     assert (summary["server_queue_ms"] > 0).all() and (summary["server_execute_ms"] > 0).all()
     assert (summary["server_execute_ms"] < summary["ttft_p99_ms"]).all()  # taking a request is not generating it
+    # who used the CPU: the session's Triton found by its port, its Python stub (vLLM's front-end), its engine
+    for column in ("cpu_machine", "cpu_load_busiest", "cpu_server", "cpu_frontend", "cpu_engine"):
+        assert (summary[column] > 0).all(), column
+    assert (summary["cpu_machine"] <= os.cpu_count() * 1.05).all()
 
 
 def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
@@ -370,6 +389,11 @@ def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
     )
     check_outputs(tmp_path, summary, ["vllm-openai", "direct"], 1, 8, 4, 1)
     assert not set(bench.SERVER_COLUMNS) & set(summary.columns)  # Triton's statistics only
+    cpu = summary.set_index("target")
+    assert (cpu[["cpu_machine", "cpu_load_busiest", "cpu_engine"]] > 0).all().all()
+    assert cpu.loc["vllm-openai", "cpu_frontend"] > 0  # vLLM's API server
+    assert math.isnan(cpu.loc["direct", "cpu_frontend"])  # the front-end is inside the load worker
+    assert cpu["cpu_server"].isna().all()  # no Triton
     assert summary.attrs["out_dir"] == str(tmp_path.resolve())
     command = (tmp_path / "vllm-openai" / "command.txt").read_text()
     for key in device_engine_defaults():  # CPU: 8 sequences, float32; GPU: bf16, a share of its memory

@@ -65,6 +65,7 @@ SUMMARY_COLUMNS = [
 ]  # fmt: skip
 LEVEL_KEYS = ["target", "mode", "concurrency", "request_rate"]
 SERVER_COLUMNS = ("server_queue_ms", "server_execute_ms")
+CPU_COLUMNS = ("cpu_machine", "cpu_load_busiest", "cpu_frontend", "cpu_engine", "cpu_server")
 LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
 STREAMS_PER_WORKER = 32  # one asyncio process keeps up with this many token streams on a fast GPU
 START_LEAD_S = 0.5  # workers get their share, open their client, then all start at the same instant
@@ -188,7 +189,7 @@ def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
         requests_per_s_max=float(runs["requests_per_s"].max()),
         output_tokens_per_s_std=float(runs["output_tokens_per_s"].std()),
     )
-    for column in SERVER_COLUMNS:  # Triton's own account of where a request's admission time went
+    for column in (*SERVER_COLUMNS, *CPU_COLUMNS):  # Triton's account of admission time; who used the CPU
         if column in records:
             row[column] = float(records[column].mean())
     return row
@@ -1075,9 +1076,69 @@ def server_time_columns(before: dict[str, int] | None, after: dict[str, int] | N
     return columns
 
 
-def sweep_target(pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: PromptCounter, levels_bar: tqdm) -> pd.DataFrame:
-    """Warm up (not recorded), then run every level ``plan.repeats`` times; one record per request."""
+def cpu_role(process, load_pids: set[int]) -> str:
+    """What a process does during a level: ``load`` (a load worker; for ``direct`` it also runs the engine's
+    front-end), ``engine`` (vLLM's engine core and its model workers, which vLLM names ``VLLM::EngineCore``,
+    ``VLLM::Worker``...), ``server`` (Triton itself) or ``frontend`` (where AsyncLLM turns the engine's outputs
+    into responses: Triton's Python stub, vLLM's API server)."""
+    if process.pid in load_pids:
+        return "load"
+    name = process.name()
+    if name.startswith("VLLM::") or any(part.startswith("VLLM::") for part in process.cmdline()[:1]):
+        return "engine"
+    return "server" if name.startswith("tritonserver") else "frontend"
+
+
+@dataclass
+class CpuReading:
+    at: float
+    machine_busy_s: float
+    processes: dict[int, tuple[str, float]]  # pid: (role, CPU seconds so far)
+
+
+def cpu_reading(server_pid: int | None, load_pids: set[int]) -> CpuReading:
+    """CPU seconds so far of the machine and of every process of the server's and the load workers' trees."""
+    import psutil
+
+    processes: dict[int, tuple[str, float]] = {}
+    for root in {*load_pids, *([server_pid] if server_pid else [])}:
+        with contextlib.suppress(psutil.Error):
+            family = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+            for process in family:
+                with contextlib.suppress(psutil.Error):
+                    role = cpu_role(process, load_pids)
+                    if role == "frontend" and root in load_pids:  # a load worker's helper (multiprocessing's tracker)
+                        continue
+                    times = process.cpu_times()
+                    processes[process.pid] = (role, times.user + times.system)
+    machine = psutil.cpu_times()  # guest time is already inside user on Linux; steal is not ours
+    busy = machine.user + machine.nice + machine.system + getattr(machine, "irq", 0.0) + getattr(machine, "softirq", 0.0)
+    return CpuReading(time.monotonic(), busy, processes)
+
+
+def cpu_columns(before: CpuReading, after: CpuReading) -> dict[str, float]:
+    """CPU use between two readings, in cores (CPU seconds per second): the whole machine, the busiest load
+    worker (near 1: the load generator may be what limits the level), and per role summed over its processes.
+    On a machine of N cores, ``cpu_machine`` near N means every process competed for the CPU."""
+    wall = after.at - before.at
+    spent: dict[str, list[float]] = {"load": [], "frontend": [], "engine": [], "server": []}
+    for pid, (role, seconds) in after.processes.items():
+        spent[role].append(seconds - before.processes.get(pid, (role, 0.0))[1])
+    columns = {"cpu_machine": (after.machine_busy_s - before.machine_busy_s) / wall}
+    columns["cpu_load_busiest"] = max(spent["load"]) / wall if spent["load"] else float("nan")
+    for role in ("frontend", "engine", "server"):
+        columns[f"cpu_{role}"] = sum(spent[role]) / wall if spent[role] else float("nan")
+    return columns
+
+
+def sweep_target(
+    pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: PromptCounter, levels_bar: tqdm, server_pid: int | None = None
+) -> pd.DataFrame:
+    """Warm up (not recorded), then run every level ``plan.repeats`` times; one record per request, with
+    Triton's queue and execute times and the CPU use of the machine and the processes involved (`cpu_columns`;
+    ``server_pid``: the root of the serving processes, when this process started them)."""
     target = endpoint.target
+    load_pids = {process.pid for process in pool.processes}
     warm = plan.warmup_level()
     if warm is not None:
         warm_plan = dataclasses.replace(plan, duration_s=None)
@@ -1087,29 +1148,47 @@ def sweep_target(pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: Prom
         for repeat in range(plan.repeats):
             desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             taken = prompts.take(plan.request_count(level))
-            before = server_counters(endpoint)
+            before, cpu_before = server_counters(endpoint), cpu_reading(server_pid, load_pids)
             streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
+            cpu_after = cpu_reading(server_pid, load_pids)
             columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
             columns.update(server_time_columns(before, server_counters(endpoint)))
+            columns.update(cpu_columns(cpu_before, cpu_after))
             frames.append(records_frame(streams, columns))
             levels_bar.update(1)
     return pd.concat(frames, ignore_index=True)
 
 
+def local_triton_pid(handle: ServerHandle) -> int | None:
+    """The pid of the tritonserver on this machine listening on ``handle``'s HTTP port, whoever started it
+    (a session's shared server too), found by its command line; None if there is none here."""
+    import psutil
+
+    if handle.server is not None and handle.server.process is not None:
+        return handle.server.process.pid
+    wanted = f"--http-port={handle.http}"
+    for process in psutil.process_iter(["name", "cmdline"]):
+        if (process.info["name"] or "").startswith("tritonserver") and wanted in (process.info["cmdline"] or []):
+            return process.pid
+    return None
+
+
 @contextlib.contextmanager
 def serving(
     kind: str, settings: dict, run_dir: Path, triton: ServerHandle | None, progress: bool, triton_instances: int = 1
-) -> Iterator[dict[str, str]]:
-    """Start what ``kind`` needs (Triton, vLLM's server, nothing for direct) and yield each target's address."""
+) -> Iterator[tuple[dict[str, str], int | None]]:
+    """Start what ``kind`` needs (Triton, vLLM's server, nothing for direct); yield each target's address and
+    the serving process's pid (None for direct, whose engine runs in the load worker, and for a Triton on
+    another machine)."""
     if kind == "triton":
         with serving_triton(triton, settings, run_dir, progress, triton_instances) as handle:
-            yield {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}
+            yield {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}, local_triton_pid(handle)
     elif kind == "vllm-openai":
         with VllmServer(settings, run_dir) as server:
             server.wait_ready(progress=progress)
-            yield {"vllm-openai": server.address}
+            yield {"vllm-openai": server.address}, server.process.pid
     else:
-        yield {"direct": ""}
+        yield {"direct": ""}, None
 
 
 @contextlib.contextmanager
@@ -1206,14 +1285,14 @@ def run_benchmark(
     with tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
         for kind, group in groups.items():
             started = time.monotonic()
-            with serving(kind, settings, out / kind, triton, progress, triton_instances) as addresses:
+            with serving(kind, settings, out / kind, triton, progress, triton_instances) as (addresses, server_pid):
                 startup_s[kind] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
                 for target in group:
                     with load_workers(target, plan, settings, out / kind) as pool:
                         if target == "direct":  # its engine starts inside the worker
                             startup_s[kind] = round(time.monotonic() - started, 1)
                         endpoint = Endpoint(target, addresses[target])
-                        frames.append(sweep_target(pool, endpoint, plan, PromptCounter(book), levels_bar))
+                        frames.append(sweep_target(pool, endpoint, plan, PromptCounter(book), levels_bar, server_pid))
     environment["startup_s"] = startup_s
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
     records = pd.concat(frames, ignore_index=True)

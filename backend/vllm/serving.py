@@ -493,8 +493,9 @@ class VllmModel:
         )
 
     def _queue_for_sending(self, stream: RequestStream) -> None:
-        """(rung by the stream's output collector) Join the sending queue, a first response ahead of the others."""
-        if self._ready.add(stream.request_id, stream, first=not stream.answered):
+        """(rung by the stream's output collector) Join the sending queue, a first response ahead of the others;
+        an ended stream's collector can still ring until the engine has its abort."""
+        if not stream.ended and self._ready.add(stream.request_id, stream, first=not stream.answered):
             self._has_ready.set()
 
     async def _send_in_turn(self) -> None:
@@ -515,8 +516,6 @@ class VllmModel:
             output = stream.collector.get_nowait()
         except Exception as err:  # noqa: BLE001 - the engine's error for this request (a dead engine)
             return self._end(stream, self._failure(stream, err))
-        if output is None:  # taken already (the collector rang again with an error)
-            return
         try:
             stream.channel.send(self._response(stream, output), FINAL if output.finished else 0)
         except Exception as err:  # noqa: BLE001 - this client's stream is broken: stop its request, not the others
