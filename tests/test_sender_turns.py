@@ -109,3 +109,20 @@ def test_vllms_collector_rings_the_doorbell_once_per_response_and_merges_the_out
     assert collector.get_nowait() is None
     collector.put(_delta(".", 3, finished=True))
     assert len(queue) == 1 and queue.pop().get_nowait().finished
+
+
+def test_the_load_time_check_passes_vllms_collector_and_refuses_one_that_signals_otherwise():
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import RequestOutputCollector
+
+    class SignalsOtherwise:  # a collector that keeps its outputs without touching ``ready``
+        def put(self, output) -> None:
+            self.output = output
+
+    class TakesNoErrors:
+        def put(self, output) -> None:
+            raise TypeError("only RequestOutputs")
+
+    assert turns.rings_the_doorbell(RequestOutputCollector(RequestOutputKind.DELTA, "probe"))
+    assert not turns.rings_the_doorbell(SignalsOtherwise())
+    assert not turns.rings_the_doorbell(TakesNoErrors())

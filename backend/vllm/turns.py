@@ -69,6 +69,19 @@ class Doorbell:
         """Nothing to undo: the sender has taken the output, and the next one rings again."""
 
 
+def rings_the_doorbell(collector: object) -> bool:
+    """Whether ``collector``, a fresh vLLM ``RequestOutputCollector``, calls its ``ready`` event's ``set`` when
+    an output arrives. The backend relies on it; a vLLM release that signals some other way would leave every
+    request unanswered, so the backend checks at load and refuses to load instead."""
+    rung: list[bool] = []
+    try:
+        collector.ready = Doorbell(lambda: rung.append(True))
+        collector.put(RuntimeError("a probe, not an error"))
+    except Exception:  # noqa: BLE001 - a collector that cannot take this is one the backend cannot use
+        return False
+    return bool(rung)
+
+
 # The share of a turn's allowance later responses get (first responses are never held back). Measured side by
 # side on one H200 (2026-12-04, 256 streams, HTTP / gRPC): 1.0 (sending and output processing half and half)
 # served 129 / 130 requests/s with 7-8 tokens per response, TTFT p50 526 / 308 ms; 0.25 served 195 / 182 with
