@@ -1084,7 +1084,7 @@ def cpu_role(process, load_pids: set[int]) -> str:
     if process.pid in load_pids:
         return "load"
     name = process.name()
-    if name.startswith("VLLM::") or any(part.startswith("VLLM::") for part in process.cmdline()[:1]):
+    if name.startswith("VLLM::") or process.cmdline()[:1] and process.cmdline()[0].startswith("VLLM::"):
         return "engine"
     return "server" if name.startswith("tritonserver") else "frontend"
 
@@ -1136,7 +1136,7 @@ def sweep_target(
 ) -> pd.DataFrame:
     """Warm up (not recorded), then run every level ``plan.repeats`` times; one record per request, with
     Triton's queue and execute times and the CPU use of the machine and the processes involved (`cpu_columns`;
-    ``server_pid``: the root of the serving processes, when this process started them)."""
+    ``server_pid``: the root of the serving processes on this machine, None when there are none here)."""
     target = endpoint.target
     load_pids = {process.pid for process in pool.processes}
     warm = plan.warmup_level()
