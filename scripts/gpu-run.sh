@@ -26,10 +26,15 @@
 #              Triton-kernel warm-up), fork = VLLM_WORKER_MULTIPROC_METHOD=fork (no second import of vLLM);
 #              COLDSTART_TESTS="tests/test_client.py" also runs those tests on each variant (V1 + fork once
 #              answered two identical greedy requests with garbage: test_non_streaming_request_gets_one_response)
+#   profile    where the CPU time goes while serving: each of PROFILE_TARGETS (default "triton-grpc vllm-openai direct") at
+#              each concurrency of PROFILE_LEVELS ("64 256"), PROFILE_S + 16 s per level; for PROFILE_S (10) seconds of each,
+#              py-spy samples the engine's processes (VLLM::*) and the engine core's parent, the frontend (Triton's stub,
+#              vLLM's API server, the direct engine's load worker), per thread: profile-TARGET-cLEVEL-ROLE-PID.txt (py-spy raw)
+#              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # notebook kernels import utils
-PY=/tmp/gpu-env/bin/python
+PY=${PY:-/tmp/gpu-env/bin/python}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export TUTORIAL_HOME=/tmp/tutorial-home   # runs/ and models/ outside the copied tree; kept while warm
@@ -149,6 +154,37 @@ PY
     cp "$(ls -td "$TUTORIAL_HOME"/runs/serve-*/ | head -1)server.log" "$OUT/notebooks-server.log"  # when Triton started, what it waited on
     echo "notebooks: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/notebooks.log"
     ;;
+  profile)
+    rate=${PROFILE_RATE:-100} seconds=${PROFILE_S:-10} levels=${PROFILE_LEVELS:-64 256} files=()
+    for target in ${PROFILE_TARGETS:-triton-grpc vllm-openai direct}; do
+      log="$OUT/profile-$target.log"
+      $PY -m utils.bench --targets "$target" --concurrency "$(echo $levels | tr ' ' ,)" --max-tokens 128 --prompt-tokens 100 \
+        --repeats 1 --duration $(( seconds + 16 )) --no-plots --out "$TUTORIAL_HOME/profile-$target" > "$log" 2>&1 &
+      bench=$!
+      for level in $levels; do
+        until grep -q "$target c=$level:" "$log" 2>/dev/null || ! kill -0 $bench 2>/dev/null; do sleep 1; done  # the level's bar
+        sleep 4  # past the level's ramp-up
+        core=$(pgrep -f '^VLLM::EngineCore' | head -1)
+        if [ -z "$core" ]; then echo "$target: no engine core running (see $log)" | tee -a "$OUT/profile-summary.txt"; break; fi
+        frontend=$(ps -o ppid= -p "$core" | tr -d ' ')
+        echo "$target c=$level: frontend $frontend ($(ps -o args= -p "$frontend" | cut -c1-80))" | tee -a "$OUT/profile-summary.txt"
+        for pid in $frontend $(pgrep -f '^VLLM::'); do  # the frontend, the engine core, its workers if any
+          role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*' | cut -c7- | tr A-Z a-z)
+          name="$OUT/profile-$target-c$level-${role:-frontend}-$pid.txt"
+          $(dirname "$PY")/py-spy record --pid "$pid" --duration "$seconds" --rate "$rate" --nonblocking --threads --format raw \
+            -o "$name" > /dev/null 2>&1 &
+          files+=("$name")
+        done
+        sleep "$seconds"
+      done
+      wait $bench
+      $PY -c "import pandas as pd; s = pd.read_csv('$TUTORIAL_HOME/profile-$target/summary.csv'); print(s[['target', 'concurrency', \
+'requests_per_s', 'ttft_p50_ms', 'tokens_per_response', 'cpu_machine', 'cpu_load_busiest', 'cpu_frontend', 'cpu_engine', 'cpu_server']].round(2).to_string(index=False))" \
+        | tee -a "$OUT/profile-summary.txt"
+    done
+    wait
+    $PY scripts/profile-summary.py "$rate" "$seconds" "${files[@]}" >> "$OUT/profile-summary.txt"
+    ;;
   *)
-    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart" >&2; exit 2 ;;
+    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart|profile" >&2; exit 2 ;;
 esac
