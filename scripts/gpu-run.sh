@@ -30,7 +30,10 @@
 #              each concurrency of PROFILE_LEVELS ("64 256"), PROFILE_S + 16 s per level; for PROFILE_S (10) seconds of each,
 #              py-spy samples the engine's processes (VLLM::*) and the engine core's parent, the frontend (Triton's stub,
 #              vLLM's API server, the direct engine's load worker), per thread: profile-TARGET-cLEVEL-ROLE-PID.txt (py-spy raw)
-#              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py)
+#              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py);
+#              profile-pyspy.log: py-spy's own messages and whether it may read processes that are not its descendants
+#              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology and,
+#              twice a second, the logical CPU each profiled process ran on
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # notebook kernels import utils
@@ -156,6 +159,23 @@ PY
     ;;
   profile)
     rate=${PROFILE_RATE:-100} seconds=${PROFILE_S:-10} levels=${PROFILE_LEVELS:-64 256} files=()
+    spy=$(command -v py-spy || echo "$(dirname "$PY")/py-spy")
+    diag="$OUT/profile-pyspy.log"  # why py-spy could not look, if it could not (the run of 2026-12-04 19:30 got nothing)
+    { echo "py-spy: $spy ($($spy --version 2>&1))"; echo "ptrace_scope: $(cat /proc/sys/kernel/yama/ptrace_scope 2>&1)"
+      grep CapEff /proc/self/status; } > "$diag"
+    can_attach() {  # py-spy reads a Python process that is not its descendant (as it must: the servers are the bench's)
+      $PY -c "import time; time.sleep(20)" & local pid=$!
+      sleep 1; $spy dump --pid $pid --nonblocking >> "$diag" 2>&1; local rc=$?
+      kill $pid; return $rc
+    }
+    site=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    if ! can_attach; then
+      # Yama's ptrace_scope 1 lets a process read only its descendants, unless the process names a reader: every Python
+      # started from here on (the stub, vLLM's processes) says "anyone" (PR_SET_PTRACER_ANY), for this phase only
+      echo "import ctypes; ctypes.CDLL(None).prctl(0x59616d61, ctypes.c_ulong(2**64 - 1), 0, 0, 0)" > "$site/profile_ptracer_any.pth"
+      can_attach && echo "attach: allowed once Python processes name any reader" >> "$diag" || echo "attach: refused either way" >> "$diag"
+    fi
+    lscpu -e=CPU,CORE,SOCKET,NODE > "$OUT/profile-cpus.txt" 2>&1  # which logical CPUs share a physical core
     for target in ${PROFILE_TARGETS:-triton-grpc vllm-openai direct}; do
       log="$OUT/profile-$target.log"
       $PY -m utils.bench --targets "$target" --concurrency "$(echo $levels | tr ' ' ,)" --max-tokens 128 --prompt-tokens 100 \
@@ -168,14 +188,18 @@ PY
         if [ -z "$core" ]; then echo "$target: no engine core running (see $log)" | tee -a "$OUT/profile-summary.txt"; break; fi
         frontend=$(ps -o ppid= -p "$core" | tr -d ' ')
         echo "$target c=$level: frontend $frontend ($(ps -o args= -p "$frontend" | cut -c1-80))" | tee -a "$OUT/profile-summary.txt"
-        for pid in $frontend $(pgrep -f '^VLLM::'); do  # the frontend, the engine core, its workers if any
+        pids="$frontend $(pgrep -f '^VLLM::' | tr '\n' ' ')"  # the frontend, the engine core, its workers if any
+        for pid in $pids; do
           role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*' | cut -c7- | tr A-Z a-z)
           name="$OUT/profile-$target-c$level-${role:-frontend}-$pid.txt"
-          $(dirname "$PY")/py-spy record --pid "$pid" --duration "$seconds" --rate "$rate" --nonblocking --threads --format raw \
-            -o "$name" > /dev/null 2>&1 &
+          echo "--- $name" >> "$diag"
+          $spy record --pid "$pid" --duration "$seconds" --rate "$rate" --nonblocking --threads --format raw -o "$name" >> "$diag" 2>&1 &
           files+=("$name")
         done
-        sleep "$seconds"
+        for _ in $(seq $(( seconds * 2 ))); do  # where the processes ran: two on one physical core slow each other
+          echo "$target c=$level $(date +%s.%N | cut -c1-14) $(ps -o pid=,psr=,comm= -p "$(echo $pids | tr " " ,)" | tr -s ' \n' ' ')"
+          sleep 0.5
+        done >> "$OUT/profile-cpus.txt"
       done
       wait $bench
       $PY -c "import pandas as pd; s = pd.read_csv('$TUTORIAL_HOME/profile-$target/summary.csv'); print(s[['target', 'concurrency', \
@@ -183,6 +207,7 @@ PY
         | tee -a "$OUT/profile-summary.txt"
     done
     wait
+    rm -f "$site/profile_ptracer_any.pth"
     $PY scripts/profile-summary.py "$rate" "$seconds" "${files[@]}" >> "$OUT/profile-summary.txt"
     ;;
   *)
