@@ -15,7 +15,7 @@
 #              or the NAME=DIR pairs of AB_VARIANTS; both Triton protocols at concurrency 1/64/256 (AB_LEVELS),
 #              8 s per level (AB_DURATION), the variants alternated AB_ROUNDS times (default 2: one pair on 2026-12-03
 #              was slower at concurrency 1, where the designs do not differ); compare requests/s, TTFT,
-#              tokens_per_response, server_execute_ms and the CPU columns (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
+#              tokens_per_response, server_execute_ms, the engine's running requests and step time, and the CPU columns (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
 #              with two instances of the model in Triton (two engines, two Python processes: ab-NAME-x2-rROUND.csv);
 #              AB_DIRECT=1 adds the in-process engine at the same levels (ab-direct-r1.csv), the ceiling;
 #              AB_SHARES="0.1 0.5" adds this backend with the sender's LATER_SHARE set to each (variants share-0.1, ...)
@@ -123,6 +123,7 @@ import pandas as pd
 runs = [pd.read_csv(f).assign(run=os.path.basename(f)[3:-4]) for f in sorted(glob.glob(f"{sys.argv[1]}/ab-*-r*.csv"))]
 table = pd.concat(runs).pivot_table(index=["target", "concurrency"], columns="run", sort=False,
                                     values=["requests_per_s", "ttft_p50_ms", "tokens_per_response", "server_execute_ms",
+                                            "engine_running_mean", "engine_step_ms",
                                             "cpu_machine", "cpu_frontend", "cpu_engine", "cpu_load_busiest"])
 print(table.round(2).to_string())
 PY
@@ -203,7 +204,8 @@ PY
       done
       wait $bench
       $PY -c "import pandas as pd; s = pd.read_csv('$TUTORIAL_HOME/profile-$target/summary.csv'); print(s[['target', 'concurrency', \
-'requests_per_s', 'ttft_p50_ms', 'tokens_per_response', 'cpu_machine', 'cpu_load_busiest', 'cpu_frontend', 'cpu_engine', 'cpu_server']].round(2).to_string(index=False))" \
+'requests_per_s', 'ttft_p50_ms', 'tokens_per_response', 'engine_running_mean', 'engine_step_ms', 'cpu_machine', 'cpu_load_busiest', \
+'cpu_frontend', 'cpu_engine', 'cpu_server']].round(2).to_string(index=False))" \
         | tee -a "$OUT/profile-summary.txt"
     done
     wait

@@ -163,6 +163,37 @@ def test_cpu_columns_are_cores_per_role_between_readings():
     assert math.isnan(columns["cpu_server"])  # no Triton in this level
 
 
+RUNNING_PAGE = """# HELP vllm:num_requests_running Requests running on the engine
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{instance="vllm_model_0",model="vllm_model",version="1"} 5
+vllm:num_requests_running{instance="vllm_model_1",model="vllm_model",version="1"} 7
+vllm:num_requests_running{instance="other_0",model="other",version="1"} 100
+# HELP vllm:num_requests_waiting Requests waiting to be scheduled
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{instance="vllm_model_0",model="vllm_model",version="1"} 3
+"""
+
+
+def test_running_requests_sum_the_measured_models_engines_only():
+    assert bench.running_requests(RUNNING_PAGE, "vllm_model") == 12  # two instances of it, not the other model
+    vllm_page = 'vllm:num_requests_running{engine="0",model_name="/models/m"} 3.0\n'  # vLLM labels by model_name
+    assert bench.running_requests(vllm_page, "vllm_model") == 3
+    assert bench.running_requests("# metrics switched off\n", "vllm_model") is None
+
+
+def test_running_sampler_averages_only_the_samples_taken_in_flight():
+    sampler = bench.RunningSampler(None, "vllm_model")
+    sampler.samples = [(0.5, 100.0), (1.0, 2.0), (2.0, 4.0), (3.5, 100.0)]
+    assert sampler.mean_between(1.0, 3.0) == pytest.approx(3.0)
+    assert math.isnan(sampler.mean_between(5.0, 6.0))
+
+
+def test_engine_step_time_is_running_requests_over_token_rate():
+    # 64 requests running, 16,000 tokens/s: 250 steps/s of one token each, 4 ms per step
+    assert bench.engine_columns(64.0, 16000.0) == {"engine_running_mean": 64.0, "engine_step_ms": pytest.approx(4.0)}
+    assert math.isnan(bench.engine_columns(1.0, 0.0)["engine_step_ms"])
+
+
 def test_closed_loop_shares_split_clients_evenly_and_requests_in_proportion():
     requests = [(i, f"p{i}") for i in range(10)]
     shares = bench.plan_shares(ENDPOINT, requests, 2, max_tokens=8, start_at=0.0, concurrency=5)
@@ -357,7 +388,8 @@ def check_outputs(out, summary, targets, levels, max_tokens, requests, repeats):
     return records, environment
 
 
-def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path):
+def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "GAUGE_SAMPLE_S", 0.02)  # levels this short last well under a second on a GPU
     argv = [
         "--targets", "triton-grpc,triton-http", "--concurrency", "1,2", "--request-rate", "4", "--max-tokens", "8",
         "--requests", "4", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path),
@@ -383,9 +415,13 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
     assert (summary["cpu_engine"] > 0).all() and (summary["cpu_machine"] <= os.cpu_count() * 1.05).all()
     roles = summary[["cpu_load_busiest", "cpu_server", "cpu_frontend", "cpu_engine"]].sum(axis=1)
     assert (roles <= summary["cpu_machine"] + 0.2).all()  # the processes measured are part of the machine
+    # the engine's running requests, as our backend publishes them on Triton's metrics port: once a second, so a
+    # level this short may see what an earlier one (or test) left; found, and a count
+    assert (summary["engine_running_mean"] >= 0).all() and (summary["engine_step_ms"] >= 0).all()
 
 
-def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
+def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "GAUGE_SAMPLE_S", 0.02)  # levels this short last well under a second on a GPU
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     summary = bench.run_benchmark(
         ["vllm-openai", "direct"], [2], max_tokens=8, requests=4, warmup=1, out_dir=tmp_path, progress=False
@@ -398,6 +434,9 @@ def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path):
     assert cpu.loc["vllm-openai", "cpu_frontend"] >= 0  # vLLM's API server, found
     assert math.isnan(cpu.loc["direct", "cpu_frontend"])  # the front-end is inside the load worker
     assert cpu["cpu_server"].isna().all()  # no Triton
+    # vLLM's gauge of running requests, from its server's /metrics and the direct engine's worker: 2 clients
+    assert ((cpu["engine_running_mean"] > 0) & (cpu["engine_running_mean"] <= 2)).all()
+    assert (cpu["engine_step_ms"] > 0).all()
     assert summary.attrs["out_dir"] == str(tmp_path.resolve())
     command = (tmp_path / "vllm-openai" / "command.txt").read_text()
     for key in device_engine_defaults():  # CPU: 8 sequences, float32; GPU: bf16, a share of its memory

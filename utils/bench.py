@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.error
@@ -66,6 +67,9 @@ SUMMARY_COLUMNS = [
 LEVEL_KEYS = ["target", "mode", "concurrency", "request_rate"]
 SERVER_COLUMNS = ("server_queue_ms", "server_execute_ms")
 CPU_COLUMNS = ("cpu_machine", "cpu_load_busiest", "cpu_frontend", "cpu_engine", "cpu_server")
+ENGINE_COLUMNS = ("engine_running_mean", "engine_step_ms")
+RUNNING_GAUGE = "vllm:num_requests_running"  # vLLM's name; our backend publishes its engines' under the same one
+GAUGE_SAMPLE_S = 0.5  # each scrape is work for the process serving the page (vLLM's API server is one): seldom
 LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
 STREAMS_PER_WORKER = 32  # one asyncio process keeps up with this many token streams on a fast GPU
 START_LEAD_S = 0.5  # workers get their share, open their client, then all start at the same instant
@@ -192,7 +196,20 @@ def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
     for column in (*SERVER_COLUMNS, *CPU_COLUMNS):  # Triton's account of admission time; who used the CPU
         if column in records:
             row[column] = float(records[column].mean())
+    if "engine_running_mean" in records:
+        row.update(engine_columns(float(records["engine_running_mean"].mean()), row["output_tokens_per_s"]))
     return row
+
+
+def engine_columns(running_mean: float, output_tokens_per_s: float) -> dict[str, float]:
+    """What the engine saw: requests running on it (mean), and the time of one engine step that this implies.
+
+    Each running request gains one token per decode step, so steps/s = output tokens/s / running requests, and
+    the step time is its inverse (prefill steps are counted as decode steps: an estimate). The two tell apart
+    the reasons a server serves fewer requests/s than the in-process engine at the same concurrency: fewer
+    requests running on the engine (responses or requests held up on their way) or slower engine steps."""
+    step_ms = 1000.0 * running_mean / output_tokens_per_s if output_tokens_per_s > 0 else float("nan")
+    return {"engine_running_mean": running_mean, "engine_step_ms": step_ms}
 
 
 def summarize(records: pd.DataFrame) -> pd.DataFrame:
@@ -543,6 +560,14 @@ def _redirect_output(log_path: str) -> None:
         os.dup2(handle.fileno(), fd)
 
 
+def serve_engine_metrics(port: int) -> None:
+    """The direct engine's Prometheus page (vLLM's stat logger fills this process's registry), on 127.0.0.1,
+    as vLLM's server and Triton serve theirs: the parent samples its running requests the same way."""
+    import prometheus_client
+
+    prometheus_client.start_http_server(port, addr="127.0.0.1")
+
+
 def worker_main(worker: int, inbox, outbox, engine_setup: dict | None) -> None:
     """A worker process: one asyncio loop kept for its whole life (AsyncLLM binds to the loop it first runs
     on), one share at a time from ``inbox``; progress, results and tracebacks go to ``outbox``."""
@@ -554,6 +579,7 @@ def worker_main(worker: int, inbox, outbox, engine_setup: dict | None) -> None:
             _redirect_output(engine_setup["log_path"])
             os.environ.update(engine_setup["env"])
             engine = loop.run_until_complete(start_direct_engine(engine_setup["settings"]))
+            serve_engine_metrics(engine_setup["metrics_port"])
             gc.collect()
             gc.freeze()  # as vLLM's server and our backend do once the engine is up
         outbox.put(("ready", worker, None))
@@ -598,6 +624,7 @@ class WorkerPool:
             for w in range(count)
         ]
         self.log_path = engine_setup["log_path"] if engine_setup else None
+        self.metrics_url = f"http://127.0.0.1:{engine_setup['metrics_port']}/metrics" if engine_setup else None
 
     def start(self, timeout: float = 900, progress: bool = True) -> "WorkerPool":
         for process in self.processes:
@@ -1131,12 +1158,67 @@ def cpu_columns(before: CpuReading, after: CpuReading) -> dict[str, float]:
     return columns
 
 
+def running_requests(metrics_text: str, model: str) -> float | None:
+    """Requests running on the engines, from a Prometheus text page: vLLM's gauge summed over its series (one
+    per engine; two instances in Triton are two engines). Triton labels our backend's series by ``model``:
+    only the measured model's count. None when the page has no such gauge (metrics switched off)."""
+    from utils.notebook import parse_metrics
+
+    samples = parse_metrics(metrics_text)
+    running = samples[(samples["sample"] == RUNNING_GAUGE) & samples["model"].isin([model, None])]
+    return float(running["value"].sum()) if len(running) else None
+
+
+class RunningSampler:
+    """Samples `running_requests` from a metrics endpoint on a thread of its own while a level runs (vLLM
+    updates the gauge every engine step; our backend publishes it to Triton once a second); a context manager.
+    ``mean_between`` averages the samples taken while the level's requests were in flight: NaN for a level
+    shorter than the sampling period."""
+
+    def __init__(self, url: str | None, model: str, every_s: float | None = None) -> None:
+        self.url, self.model, self.every_s = url, model, every_s or GAUGE_SAMPLE_S
+        self.samples: list[tuple[float, float]] = []  # (time.monotonic(), running requests)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, name="running-sampler", daemon=True)
+
+    def __enter__(self) -> "RunningSampler":
+        if self.url:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as reply:
+                    running = running_requests(reply.read().decode("utf-8"), self.model)
+            except (OSError, ValueError):  # a scrape that fails is a sample missing, not a failed level
+                continue
+            if running is not None:
+                self.samples.append((time.monotonic(), running))
+
+    def mean_between(self, start: float, end: float) -> float:
+        inside = [value for at, value in self.samples if start <= at <= end]
+        return float(np.mean(inside)) if inside else float("nan")
+
+
 def sweep_target(
-    pool: WorkerPool, endpoint: Endpoint, plan: Plan, prompts: PromptCounter, levels_bar: tqdm, server_pid: int | None = None
+    pool: WorkerPool,
+    endpoint: Endpoint,
+    plan: Plan,
+    prompts: PromptCounter,
+    levels_bar: tqdm,
+    server_pid: int | None = None,
+    metrics_url: str | None = None,
 ) -> pd.DataFrame:
     """Warm up (not recorded), then run every level ``plan.repeats`` times; one record per request, with
-    Triton's queue and execute times and the CPU use of the machine and the processes involved (`cpu_columns`;
-    ``server_pid``: the root of the serving processes on this machine, None when there are none here)."""
+    Triton's queue and execute times, the CPU use of the machine and the processes involved (`cpu_columns`;
+    ``server_pid``: the root of the serving processes on this machine, None when there are none here) and
+    the requests running on the engine (`engine_columns`, sampled from ``metrics_url``'s Prometheus page)."""
     target = endpoint.target
     load_pids = {process.pid for process in pool.processes}
     warm = plan.warmup_level()
@@ -1149,11 +1231,15 @@ def sweep_target(
             desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             taken = prompts.take(plan.request_count(level))
             before, cpu_before = server_counters(endpoint), cpu_reading(server_pid, load_pids)
-            streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
+            with RunningSampler(metrics_url, endpoint.model) as running:
+                streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
             cpu_after = cpu_reading(server_pid, load_pids)
             columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
             columns.update(server_time_columns(before, server_counters(endpoint)))
             columns.update(cpu_columns(cpu_before, cpu_after))
+            if metrics_url and streams:
+                in_flight = (min(st.start for st in streams), max(st.end for st in streams))
+                columns["engine_running_mean"] = running.mean_between(*in_flight)
             frames.append(records_frame(streams, columns))
             levels_bar.update(1)
     return pd.concat(frames, ignore_index=True)
@@ -1177,18 +1263,19 @@ def local_triton_pid(handle: ServerHandle) -> int | None:
 def serving(
     kind: str, settings: dict, run_dir: Path, triton: ServerHandle | None, progress: bool, triton_instances: int = 1
 ) -> Iterator[tuple[dict[str, str], int | None]]:
-    """Start what ``kind`` needs (Triton, vLLM's server, nothing for direct); yield each target's address and
-    the serving process's pid (None for direct, whose engine runs in the load worker, and for a Triton on
-    another machine)."""
+    """Start what ``kind`` needs (Triton, vLLM's server, nothing for direct); yield each target's address, its
+    metrics page (Prometheus text; the direct engine's is its load worker's, see `load_workers`) and the serving
+    process's pid (None for direct, whose engine runs in the load worker, and for a Triton on another machine)."""
     if kind == "triton":
         with serving_triton(triton, settings, run_dir, progress, triton_instances) as handle:
-            yield {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}, local_triton_pid(handle)
+            addresses = {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}
+            yield addresses, dict.fromkeys(addresses, handle.metrics_url), local_triton_pid(handle)
     elif kind == "vllm-openai":
         with VllmServer(settings, run_dir) as server:
             server.wait_ready(progress=progress)
-            yield {"vllm-openai": server.address}, server.process.pid
+            yield {"vllm-openai": server.address}, {"vllm-openai": f"http://{server.address}/metrics"}, server.process.pid
     else:
-        yield {"direct": ""}, None
+        yield {"direct": ""}, {}, None
 
 
 @contextlib.contextmanager
@@ -1199,7 +1286,10 @@ def load_workers(target: str, plan: Plan, settings: dict, run_dir: Path) -> Iter
     if target == "direct":
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
-        setup = {"settings": settings, "log_path": str(run_dir / "engine.log"), "env": engine_environment(tmp)}
+        setup = {
+            "settings": settings, "log_path": str(run_dir / "engine.log"), "env": engine_environment(tmp),
+            "metrics_port": free_port(),
+        }  # fmt: skip
     pool = WorkerPool(plan.pool_size(target), engine_setup=setup)
     try:
         yield pool.start(progress=plan.progress)
@@ -1285,14 +1375,17 @@ def run_benchmark(
     with tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
         for kind, group in groups.items():
             started = time.monotonic()
-            with serving(kind, settings, out / kind, triton, progress, triton_instances) as (addresses, server_pid):
+            with serving(kind, settings, out / kind, triton, progress, triton_instances) as (addresses, metrics, server_pid):
                 startup_s[kind] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
                 for target in group:
                     with load_workers(target, plan, settings, out / kind) as pool:
                         if target == "direct":  # its engine starts inside the worker
                             startup_s[kind] = round(time.monotonic() - started, 1)
                         endpoint = Endpoint(target, addresses[target])
-                        frames.append(sweep_target(pool, endpoint, plan, PromptCounter(book), levels_bar, server_pid))
+                        metrics_url = metrics.get(target) or pool.metrics_url
+                        frames.append(
+                            sweep_target(pool, endpoint, plan, PromptCounter(book), levels_bar, server_pid, metrics_url)
+                        )
     environment["startup_s"] = startup_s
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
     records = pd.concat(frames, ignore_index=True)
