@@ -124,7 +124,7 @@ runs = [pd.read_csv(f).assign(run=os.path.basename(f)[3:-4]) for f in sorted(glo
 table = pd.concat(runs).pivot_table(index=["target", "concurrency"], columns="run", sort=False,
                                     values=["requests_per_s", "ttft_p50_ms", "tokens_per_response", "server_execute_ms",
                                             "engine_running_mean", "engine_step_ms",
-                                            "cpu_machine", "cpu_frontend", "cpu_engine", "cpu_load_busiest"])
+                                            "cpu_machine", "cpu_frontend", "cpu_engine", "cpu_load_busiest", "cpu_steal"])
 print(table.round(2).to_string())
 PY
     ;;
@@ -205,7 +205,7 @@ PY
       wait $bench
       $PY -c "import pandas as pd; s = pd.read_csv('$TUTORIAL_HOME/profile-$target/summary.csv'); print(s[['target', 'concurrency', \
 'requests_per_s', 'ttft_p50_ms', 'tokens_per_response', 'engine_running_mean', 'engine_step_ms', 'cpu_machine', 'cpu_load_busiest', \
-'cpu_frontend', 'cpu_engine', 'cpu_server']].round(2).to_string(index=False))" \
+'cpu_frontend', 'cpu_engine', 'cpu_server', 'cpu_steal']].round(2).to_string(index=False))" \
         | tee -a "$OUT/profile-summary.txt"
     done
     wait

@@ -150,13 +150,17 @@ def test_server_time_columns_are_mean_ms_per_request_between_readings():
 
 
 def test_cpu_columns_are_cores_per_role_between_readings():
-    before = bench.CpuReading(at=10.0, machine_busy_s=100.0, processes={1: ("load", 1.0), 2: ("load", 2.0), 3: ("engine", 5.0)})
+    before = bench.CpuReading(
+        at=10.0, machine_busy_s=100.0, processes={1: ("load", 1.0), 2: ("load", 2.0), 3: ("engine", 5.0)}, machine_steal_s=3.0
+    )
     after = bench.CpuReading(
         at=12.0, machine_busy_s=112.0,
         processes={1: ("load", 2.5), 2: ("load", 2.2), 3: ("engine", 7.0), 4: ("frontend", 0.8), 5: ("frontend", 0.2)},
+        machine_steal_s=4.0,
     )  # fmt: skip
     columns = bench.cpu_columns(before, after)
     assert columns["cpu_machine"] == pytest.approx(6.0)  # 12 CPU seconds in 2 s
+    assert columns["cpu_steal"] == pytest.approx(0.5)  # the host took 1 CPU second of the guest's in 2 s
     assert columns["cpu_load_busiest"] == pytest.approx(0.75)  # worker 1: 1.5 s of 2, not the sum of the workers
     assert columns["cpu_engine"] == pytest.approx(1.0)
     assert columns["cpu_frontend"] == pytest.approx(0.5)  # processes born during the level count from zero
@@ -413,6 +417,7 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
     for column in ("cpu_load_busiest", "cpu_server", "cpu_frontend"):
         assert (summary[column] >= 0).all(), column
     assert (summary["cpu_engine"] > 0).all() and (summary["cpu_machine"] <= os.cpu_count() * 1.05).all()
+    assert (summary["cpu_steal"] >= 0).all()
     roles = summary[["cpu_load_busiest", "cpu_server", "cpu_frontend", "cpu_engine"]].sum(axis=1)
     assert (roles <= summary["cpu_machine"] + 0.2).all()  # the processes measured are part of the machine
     # the engine's running requests, as our backend publishes them on Triton's metrics port: once a second, so a

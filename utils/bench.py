@@ -66,7 +66,7 @@ SUMMARY_COLUMNS = [
 ]  # fmt: skip
 LEVEL_KEYS = ["target", "mode", "concurrency", "request_rate"]
 SERVER_COLUMNS = ("server_queue_ms", "server_execute_ms")
-CPU_COLUMNS = ("cpu_machine", "cpu_load_busiest", "cpu_frontend", "cpu_engine", "cpu_server")
+CPU_COLUMNS = ("cpu_machine", "cpu_load_busiest", "cpu_frontend", "cpu_engine", "cpu_server", "cpu_steal")
 ENGINE_COLUMNS = ("engine_running_mean", "engine_step_ms")
 RUNNING_GAUGE = "vllm:num_requests_running"  # vLLM's name; our backend publishes its engines' under the same one
 GAUGE_SAMPLE_S = 0.5  # each scrape is work for the process serving the page (vLLM's API server is one): seldom
@@ -1121,6 +1121,7 @@ class CpuReading:
     at: float
     machine_busy_s: float
     processes: dict[int, tuple[str, float]]  # pid: (role, CPU seconds so far)
+    machine_steal_s: float = 0.0  # a virtual machine's CPU time its host gave to others
 
 
 def cpu_reading(server_pid: int | None, load_pids: set[int]) -> CpuReading:
@@ -1140,18 +1141,21 @@ def cpu_reading(server_pid: int | None, load_pids: set[int]) -> CpuReading:
                     processes[process.pid] = (role, times.user + times.system)
     machine = psutil.cpu_times()  # guest time is already inside user on Linux; steal is not ours
     busy = machine.user + machine.nice + machine.system + getattr(machine, "irq", 0.0) + getattr(machine, "softirq", 0.0)
-    return CpuReading(time.monotonic(), busy, processes)
+    return CpuReading(time.monotonic(), busy, processes, getattr(machine, "steal", 0.0))
 
 
 def cpu_columns(before: CpuReading, after: CpuReading) -> dict[str, float]:
     """CPU use between two readings, in cores (CPU seconds per second): the whole machine, the busiest load
     worker (near 1: the load generator may be what limits the level), and per role summed over its processes.
-    On a machine of N cores, ``cpu_machine`` near N means every process competed for the CPU."""
+    On a machine of N cores, ``cpu_machine`` near N means every process competed for the CPU. ``cpu_steal``: on a
+    virtual machine, the cores its host gave to other guests while the level ran (a level whose processes waited
+    for the CPU there measures the neighbours too: one way two runs on one machine can differ)."""
     wall = after.at - before.at
     spent: dict[str, list[float]] = {"load": [], "frontend": [], "engine": [], "server": []}
     for pid, (role, seconds) in after.processes.items():
         spent[role].append(seconds - before.processes.get(pid, (role, 0.0))[1])
     columns = {"cpu_machine": (after.machine_busy_s - before.machine_busy_s) / wall}
+    columns["cpu_steal"] = (after.machine_steal_s - before.machine_steal_s) / wall
     columns["cpu_load_busiest"] = max(spent["load"]) / wall if spent["load"] else float("nan")
     for role in ("frontend", "engine", "server"):
         columns[f"cpu_{role}"] = sum(spent[role]) / wall if spent[role] else float("nan")
