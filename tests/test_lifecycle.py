@@ -22,10 +22,17 @@ from utils.server import ServerError, TritonServer, processes_tagged
 
 
 
+SCRATCH_STREAM_INTERVAL = 3
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> TritonServer:
+    """A server of this module's own (its tests unload, kill and stop it); its model.json also sets vLLM's
+    ``stream_interval``, which the backend keeps as the floor of its pace (a CPU's load never raises the pace)."""
     run_dir = paths.runs_dir() / f"pytest-scratch-{time.strftime('%Y%m%d-%H%M%S')}"
-    repository = prepare_run_repository(run_dir / "model_repository", log=lambda _: None)
+    repository = prepare_run_repository(
+        run_dir / "model_repository", engine_overrides={"stream_interval": SCRATCH_STREAM_INTERVAL}, log=lambda _: None
+    )
     server = TritonServer(repository, run_dir=run_dir, free_ports=True)
     server.start().wait_ready(timeout=900, progress=False)
     yield server
@@ -92,6 +99,20 @@ def reload(server: TritonServer) -> None:
 def engine_processes(server: TritonServer) -> list[psutil.Process]:
     children = psutil.Process(server.process.pid).children(recursive=True)
     return [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+
+
+def test_a_stream_interval_in_model_json_gathers_tokens_and_loses_none(scratch):
+    """vLLM builds a response every ``stream_interval`` tokens (the backend's pace never goes below model.json's
+    value): the first token at once, then the interval's tokens (or several intervals' when the sender is
+    behind), the rest with the last; the text is exactly the non-streamed reply's."""
+    sampling = {"temperature": 0, "ignore_eos": True, "max_tokens": 11}
+    streamed = stream(scratch.grpc_url, "The capital of France is", sampling=sampling, exclude_input_in_output=True)
+    _, whole = generate(
+        scratch.http_url, {"text_input": "The capital of France is", "exclude_input_in_output": True, **sampling}
+    )
+    assert streamed.error is None and sum(streamed.tokens) == 11 and streamed.tokens[0] == 1
+    assert len(streamed.tokens) < 11 and all(n % SCRATCH_STREAM_INTERVAL == 0 for n in streamed.tokens[1:-1])
+    assert streamed.text == whole["text_output"]
 
 
 def test_unload_with_streams_in_flight_finishes_within_bound(scratch):

@@ -4,6 +4,9 @@ timings (the sender itself runs inside Triton's stub; tests/test_backend.py stre
 from __future__ import annotations
 
 import importlib.util
+
+import pytest
+
 from utils.paths import backend_source
 
 _spec = importlib.util.spec_from_file_location("backend_turns", backend_source() / "turns.py")
@@ -126,3 +129,67 @@ def test_the_load_time_check_passes_vllms_collector_and_refuses_one_that_signals
     assert turns.rings_the_doorbell(RequestOutputCollector(RequestOutputKind.DELTA, "probe"))
     assert not turns.rings_the_doorbell(SignalsOtherwise())
     assert not turns.rings_the_doorbell(TakesNoErrors())
+
+
+def test_output_pace_is_half_the_tokens_per_response_and_one_when_idle():
+    pace = turns.OutputPace()
+    assert pace.interval() == 1  # before any response: every token, as vLLM does by default
+    for _ in range(200):
+        pace.observe(20)  # under load the sender's responses carry 20 tokens
+    assert pace.interval() == 10
+    for _ in range(200):
+        pace.observe(100)
+    assert pace.interval() == turns.OutputPace.LIMIT
+    for _ in range(200):
+        pace.observe(1)  # the load is gone: responses carry a token each
+    assert pace.interval() == 1
+
+
+def test_output_pace_falls_back_to_one_when_responses_carry_what_it_gathered():
+    """When the sender takes each output as soon as vLLM builds it, a response carries the interval's tokens:
+    the next interval is half of it, so an idle server's streams go back to a token per response."""
+    pace, interval = turns.OutputPace(), 8
+    for _ in range(20):
+        pace.observe(8)
+    for _ in range(400):
+        interval = pace.interval()
+        pace.observe(interval)
+    assert interval == 1
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from utils.model import prepare_default_model
+
+    return AutoTokenizer.from_pretrained(prepare_default_model(progress=False))
+
+
+def test_vllm_builds_a_streaming_requests_outputs_every_stream_interval_tokens_first_and_last_at_once(tokenizer):
+    """Against the installed vLLM's own output processor: the backend sets a request's ``stream_interval`` after
+    adding it (``turns.OutputPace``) and relies on vLLM reading it at every step, sending the first token at
+    once, every ``stream_interval`` tokens after, and the rest with the last, nothing lost."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+
+    processor = OutputProcessor(tokenizer, log_stats=True)
+    params = SamplingParams(max_tokens=10, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    prompt = tokenizer.encode("The capital of France is")
+    request = EngineCoreRequest("r", prompt, None, params, None, 0.0, None, None, None, external_req_id="r")
+    collector = RequestOutputCollector(RequestOutputKind.DELTA, "r")
+    processor.add_request(request, None, queue=collector)
+    processor.request_states["r"].stream_interval = 4
+    tokens = tokenizer.encode(" Paris, the city of light, is also the", add_special_tokens=False)[:10]
+    built, texts, token_ids = [], [], []
+    for step, token in enumerate(tokens, 1):
+        finished = step == len(tokens)
+        processor.process_outputs([EngineCoreOutput(request_id="r", new_token_ids=[token], finish_reason=1 if finished else None)])
+        output = collector.get_nowait()
+        if output is not None:
+            built.append(step)
+            texts.append(output.outputs[0].text)
+            token_ids += output.outputs[0].token_ids
+    assert built == [1, 5, 9, 10]  # the first token, every 4 after, the last
+    assert token_ids == tokens and "".join(texts) == tokenizer.decode(tokens)

@@ -97,6 +97,13 @@ def test_ready_line_splits_the_start_into_import_and_engine(triton):
     assert imported > 0 and engine > 0 and abs(total - imported - engine) <= 0.11
 
 
+def test_ready_line_says_the_response_objects_are_paced_to_the_sender(triton):
+    """The installed vLLM keeps each request's stream interval where the backend sets it (turns.OutputPace)."""
+    if triton.server is None:
+        pytest.skip("the server was started elsewhere: its log is not ours to read")
+    assert re.search(r"ready: .* response objects paced to the sender;", triton.server.log_path.read_text(errors="replace"))
+
+
 def _triton_process(triton) -> psutil.Process:
     """The tritonserver process: ours when this session started it, else whoever listens on its HTTP port."""
     if triton.server is not None:

