@@ -1,4 +1,5 @@
-"""Multi-LoRA through the backend, with an adapter made here (peft) for the default model."""
+"""Multi-LoRA through the backend, with an adapter made here (peft) for the default model. The same server runs
+with Triton custom metrics switched off (one server start fewer for the suite), which is tested here too."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from tests.backend_helpers import generate
+from tests.backend_helpers import generate, metrics, stream
 from utils import paths
 from utils.model import prepare_default_model
 from utils.repository import make_config, prepare_run_repository, write_model
@@ -34,7 +35,7 @@ def lora_server(tmp_path_factory):
     source = tmp_path_factory.mktemp("lora-repository")
     adapter = make_adapter(tmp_path_factory.mktemp("adapter") / "smol-random")
     engine = {"model": "default", "enable_lora": True, "max_lora_rank": 8, "max_loras": 2}
-    model_dir = write_model(source, make_config("vllm_model"), engine)
+    model_dir = write_model(source, make_config("vllm_model", parameters={"REPORT_CUSTOM_METRICS": "no"}), engine)
     (model_dir / "1" / "multi_lora.json").write_text(json.dumps({"smol-random": adapter}))
     run_dir = paths.runs_dir() / f"pytest-lora-{time.strftime('%Y%m%d-%H%M%S')}"
     repository = prepare_run_repository(run_dir / "model_repository", source=source, log=lambda _: None)
@@ -65,6 +66,16 @@ def test_unknown_adapter_names_the_known_ones(lora_server):
     status, body = generate(lora_server.http_url, {**PROMPT, "lora_name": "smol-other"})
     assert status == 400
     assert "unknown lora_name 'smol-other'" in body["error"] and "smol-random" in body["error"]
+
+
+def test_with_custom_metrics_off_nothing_is_published_and_streams_are_whole(lora_server):
+    """REPORT_CUSTOM_METRICS no: no vllm: series on Triton's metrics port, and vLLM keeps no statistics
+    (disable_log_stats) while streams still carry every token."""
+    sampling = {"temperature": 0, "ignore_eos": True, "max_tokens": 9}
+    streamed = stream(lora_server.grpc_url, "The capital of France is", sampling=sampling)
+    assert streamed.error is None and sum(streamed.tokens) == 9
+    assert not [name for name in metrics(lora_server.metrics_url) if name.startswith("vllm:")]
+    assert "nv_inference_request_success" in " ".join(metrics(lora_server.metrics_url))  # the page itself is served
 
 
 def test_enable_lora_without_a_table_fails_the_load_with_the_reason(tmp_path):
