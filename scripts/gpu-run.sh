@@ -34,6 +34,8 @@
 #              profile-pyspy.log: py-spy's own messages and whether it may read processes that are not its descendants
 #              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology and,
 #              twice a second, the logical CPU each profiled process ran on
+#   frontend   scripts/frontend-bench.py on this machine's CPU and vLLM (no engine, about a minute): the event loop's time per
+#              engine step with vLLM's defaults, without its Prometheus logger, and paced (frontend.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/tmp/gpu-env/bin:$PATH LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # notebook kernels import utils
@@ -212,6 +214,10 @@ PY
     rm -f "$site/profile_ptracer_any.pth"
     $PY scripts/profile-summary.py "$rate" "$seconds" "${files[@]}" >> "$OUT/profile-summary.txt"
     ;;
+  frontend)
+    model=$($PY -c "from utils.model import prepare_default_model; print(prepare_default_model(progress=False))")
+    $PY scripts/frontend-bench.py "$model" 64 256 2>&1 | grep "streams," | tee "$OUT/frontend.txt"
+    ;;
   *)
-    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart|profile" >&2; exit 2 ;;
+    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart|profile|frontend" >&2; exit 2 ;;
 esac
