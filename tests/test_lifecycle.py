@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc.model_config_pb2 as mc
 from google.protobuf import text_format
 
-from tests.backend_helpers import context_length, generate, is_continuation, stream
+from tests.backend_helpers import context_length, generate, is_continuation, metric, metrics, stream
 from utils import paths
 from utils.repository import prepare_run_repository
 from utils.server import ServerError, TritonServer, processes_tagged
@@ -80,15 +80,16 @@ def start_long_streams(server: TritonServer, count: int) -> tuple[list, list[thr
     return results, threads
 
 
-def wait_for_engine_tokens(server: TritonServer, timeout: float = 60) -> None:
-    """Until the engine reports running requests (the streams are really in flight)."""
+def wait_for_engine_tokens(server: TritonServer, streams: int, timeout: float = 60) -> None:
+    """Until the engine reports ``streams`` running requests (every stream is really in flight): fewer would
+    leave a late stream to arrive after what the test does next, and a request of an earlier test can leave
+    the gauge (published once a second) above 0 for a moment."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
-            if any(line.startswith("vllm:num_requests_running{") and not line.endswith(" 0") for line in reply.read().decode().splitlines()):
-                return
+        if metric(metrics(server.metrics_url), "vllm:num_requests_running") >= streams:
+            return
         time.sleep(0.5)
-    raise AssertionError("the streams never reached the engine")
+    raise AssertionError(f"{streams} streams never ran together on the engine")
 
 
 def reload(server: TritonServer) -> None:
@@ -118,7 +119,7 @@ def test_a_stream_interval_in_model_json_gathers_tokens_and_loses_none(scratch):
 def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
     limit = long_sampling(scratch)["max_tokens"]
     results, threads = start_long_streams(scratch, 3)
-    wait_for_engine_tokens(scratch)
+    wait_for_engine_tokens(scratch, 3)
     started = time.monotonic()
     assert post(f"http://{scratch.http_url}/v2/repository/models/vllm_model/unload") == 200
     while model_state(scratch) not in ("UNAVAILABLE", "") and time.monotonic() - started < 60:
@@ -129,7 +130,7 @@ def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
     assert unloaded_after < 30, f"unload took {unloaded_after:.0f} s"
     assert model_state(scratch) == "UNAVAILABLE"
     assert len(results) == 3 and all(sum(r.tokens) < limit for r in results)  # cut short, each stream closed
-    assert all(r.error is not None and "being unloaded" in r.error for r in results)
+    assert all(r.error is not None and "being unloaded" in r.error for r in results), [r.error for r in results]
     reload(scratch)
     status, body = generate(scratch.http_url, {"text_input": "The capital of France is", "temperature": 0, "max_tokens": 8})
     assert status == 200 and is_continuation(body["text_output"], "The capital of France is")
@@ -137,7 +138,7 @@ def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
 
 def test_dead_engine_fails_fast_and_the_model_reports_not_ready(scratch):
     results, threads = start_long_streams(scratch, 2)
-    wait_for_engine_tokens(scratch)
+    wait_for_engine_tokens(scratch, 2)
     engines = engine_processes(scratch)
     assert engines, "no EngineCore process found under the server"
     killed_at = time.monotonic()
@@ -164,7 +165,7 @@ def test_a_sigterm_with_streams_in_flight_leaves_nothing_behind(scratch):
     TritonServer.stop, which every fixture's teardown runs). Asked through the stub, the backend's readiness
     question crashed the stub, and Triton never exited; over HTTP the streams stop and the model unloads."""
     results, threads = start_long_streams(scratch, 3)
-    wait_for_engine_tokens(scratch)
+    wait_for_engine_tokens(scratch, 3)
     family = [psutil.Process(scratch.process.pid), *psutil.Process(scratch.process.pid).children(recursive=True)]
     started = time.monotonic()
     scratch.process.send_signal(signal.SIGTERM)
@@ -200,7 +201,7 @@ def test_a_killed_server_leaves_no_engine_behind(tmp_path):
     server.start().wait_ready(timeout=900, progress=False)
     try:
         results, threads = start_long_streams(server, 2)
-        wait_for_engine_tokens(server)
+        wait_for_engine_tokens(server, 2)
         left = psutil.Process(server.process.pid).children(recursive=True)
         assert engine_processes(server) and left
         server.process.kill()
