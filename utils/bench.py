@@ -67,7 +67,6 @@ SUMMARY_COLUMNS = [
 LEVEL_KEYS = ["target", "mode", "concurrency", "request_rate"]
 SERVER_COLUMNS = ("server_queue_ms", "server_execute_ms")
 CPU_COLUMNS = ("cpu_machine", "cpu_load_busiest", "cpu_frontend", "cpu_engine", "cpu_server", "cpu_steal")
-ENGINE_COLUMNS = ("engine_running_mean", "engine_step_ms")
 RUNNING_GAUGE = "vllm:num_requests_running"  # vLLM's name; our backend publishes its engines' under the same one
 GAUGE_SAMPLE_S = 0.5  # each scrape is work for the process serving the page (vLLM's API server is one): seldom
 LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
