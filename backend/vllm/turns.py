@@ -125,8 +125,8 @@ class OutputPace:
     so most of those objects are only merged away. vLLM builds one every ``stream_interval`` tokens per request
     instead (the first token and the last always at once); the backend sets it per request to half the tokens
     per response the sender has been sending (``interval``), so the sender still finds new tokens when it
-    comes, and an idle server's streams keep one token per response (the pace falls back to 1 as soon as the
-    responses carry fewer tokens)."""
+    comes, and an idle server's streams keep one token per response (when the sender keeps up, a response
+    carries the interval's tokens, so the next interval is half of it: back to 1 within a few dozen responses)."""
 
     SMOOTHING = 0.05  # weight of the newest response: about the last 20
     SHARE = 0.5
