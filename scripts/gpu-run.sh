@@ -17,8 +17,7 @@
 #              was slower at concurrency 1, where the designs do not differ); compare requests/s, TTFT,
 #              tokens_per_response, server_execute_ms, the engine's running requests and step time, and the CPU columns (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
 #              with two instances of the model in Triton (two engines, two Python processes: ab-NAME-x2-rROUND.csv);
-#              AB_DIRECT=1 adds the in-process engine at the same levels (ab-direct-r1.csv), the ceiling;
-#              AB_SHARES="0.1 0.5" adds this backend with the sender's LATER_SHARE set to each (variants share-0.1, ...)
+#              AB_DIRECT=1 adds the in-process engine at the same levels (ab-direct-r1.csv), the ceiling
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -97,10 +96,6 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     ;;
   ab)
     rm -rf /tmp/ab && mkdir -p /tmp/ab && cp -r .gpu/ab/. /tmp/ab/ 2>/dev/null  # carried backends, out of the tree Triton copies
-    for share in ${AB_SHARES:-}; do  # this tree's backend with the sender's LATER_SHARE changed (turns.py), one copy each
-      mkdir -p "/tmp/ab/share-$share" && cp -r backend/vllm "/tmp/ab/share-$share/"
-      sed -i "s/^LATER_SHARE = .*/LATER_SHARE = $share/" "/tmp/ab/share-$share/vllm/turns.py"
-    done
     carried=$(for dir in /tmp/ab/*/vllm; do [ -d "$dir" ] && echo "$(basename "$(dirname "$dir")")=$dir"; done)
     for round in $(seq "${AB_ROUNDS:-2}"); do  # alternate the variants: a machine that speeds up or slows down favours none
       for pair in ${AB_VARIANTS:-main=backend/vllm $carried}; do
@@ -125,7 +120,8 @@ import pandas as pd
 runs = [pd.read_csv(f).assign(run=os.path.basename(f)[3:-4]) for f in sorted(glob.glob(f"{sys.argv[1]}/ab-*-r*.csv"))]
 table = pd.concat(runs).pivot_table(index=["target", "concurrency"], columns="run", sort=False,
                                     values=["requests_per_s", "ttft_p50_ms", "tokens_per_response", "server_execute_ms",
-                                            "engine_running_mean", "engine_step_ms",
+                                            "engine_running_mean", "engine_step_ms", "engine_ttft_ms", "engine_e2e_ms",
+                                            "vllm_frontend_ms", "outside_vllm_ms",
                                             "cpu_machine", "cpu_frontend", "cpu_engine", "cpu_load_busiest", "cpu_steal"])
 print(table.round(2).to_string())
 PY

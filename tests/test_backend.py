@@ -223,6 +223,12 @@ def test_vllm_metrics_on_tritons_metrics_port(triton):
     assert metric(after, "vllm:prompt_tokens_total") > metric(before, "vllm:prompt_tokens_total")
     assert metric(after, "vllm:request_success_total") > metric(before, "vllm:request_success_total")
     assert metric(after, "vllm:e2e_request_latency_seconds_count") > metric(before, "vllm:e2e_request_latency_seconds_count")
+    seconds = {  # the one request's end-to-end time and the engine's share of it
+        name: metric(after, f"vllm:{name}_seconds_sum") - metric(before, f"vllm:{name}_seconds_sum")
+        for name in ("e2e_request_latency", "request_queue_time", "request_inference_time")
+    }
+    assert 0 < seconds["request_inference_time"] and 0 <= seconds["request_queue_time"]
+    assert seconds["request_queue_time"] + seconds["request_inference_time"] < seconds["e2e_request_latency"], seconds
     labelled = [k for k in after if k.startswith("vllm:time_to_first_token_seconds_bucket{")]
     assert labelled and all('model="vllm_model"' in k and 'version="1"' in k and 'instance="vllm_model_0_0"' in k for k in labelled)
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):

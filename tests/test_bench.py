@@ -392,6 +392,42 @@ def check_outputs(out, summary, targets, levels, max_tokens, requests, repeats):
     return records, environment
 
 
+ENGINE_PAGE = """\
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_count{model="vllm_model",version="1"} 10
+vllm:e2e_request_latency_seconds_sum{model="vllm_model",version="1"} 7.5
+vllm:e2e_request_latency_seconds_count{model="other",version="1"} 99
+vllm:e2e_request_latency_seconds_sum{model="other",version="1"} 99
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_count{model="vllm_model",version="1"} 10
+vllm:request_queue_time_seconds_sum{model="vllm_model",version="1"} 0.5
+"""
+
+
+def test_histogram_totals_count_and_sum_the_measured_models_series_only():
+    totals = bench.histogram_totals(ENGINE_PAGE, "vllm_model")
+    assert totals == {"vllm:e2e_request_latency_seconds": (10.0, 7.5), "vllm:request_queue_time_seconds": (10.0, 0.5)}
+
+
+def test_engine_time_columns_wait_for_the_levels_requests_then_average_the_difference():
+    e2e, queue = "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"
+    before = {e2e: (10.0, 7.5), queue: (10.0, 0.5)}
+    pages = iter([{e2e: (12.0, 9.0), queue: (12.0, 0.6)}, {e2e: (14.0, 10.5), queue: (14.0, 0.9)}])  # published late
+    columns = bench.engine_time_columns(before, lambda: next(pages), finished=4)
+    assert columns == {"engine_e2e_ms": pytest.approx(750.0), "engine_queue_ms": pytest.approx(100.0)}
+    assert bench.engine_time_columns(None, lambda: {}, finished=4) == {}  # no metrics page: no columns
+    stuck = bench.engine_time_columns(before, lambda: before, finished=4, settle_s=0.0)
+    assert stuck == {}  # nothing counted: no mean
+
+
+def test_engine_time_split_separates_the_engine_the_event_loop_and_what_lies_outside_vllm():
+    times = {"engine_e2e_ms": 900.0, "engine_queue_ms": 10.0, "engine_inference_ms": 840.0, "engine_ttft_ms": 60.0}
+    split = bench.engine_time_split(times, client_e2e_mean_ms=1000.0)
+    assert split["vllm_frontend_ms"] == pytest.approx(50.0) and split["outside_vllm_ms"] == pytest.approx(100.0)
+    assert split["engine_ttft_ms"] == 60.0
+    assert "vllm_frontend_ms" not in bench.engine_time_split({"engine_e2e_ms": 900.0}, 1000.0)
+
+
 def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "GAUGE_SAMPLE_S", 0.02)  # levels this short last well under a second on a GPU
     argv = [
@@ -423,6 +459,18 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
     # the engine's running requests, as our backend publishes them on Triton's metrics port: once a second, so a
     # level this short may see what an earlier one (or test) left; found, and a count
     assert (summary["engine_running_mean"] >= 0).all() and (summary["engine_step_ms"] >= 0).all()
+    check_engine_time_split(summary, outside_vllm=True)
+
+
+def check_engine_time_split(summary: pd.DataFrame, outside_vllm: bool) -> None:
+    """vLLM's own account of each level's requests: the engine's share is part of its end-to-end time, and (for
+    a server) the client waited longer than vLLM counted, the server being in between."""
+    assert (summary["engine_inference_ms"] > 0).all() and (summary["engine_queue_ms"] >= 0).all()
+    assert (summary["engine_ttft_ms"] > 0).all() and (summary["engine_ttft_ms"] <= summary["engine_e2e_ms"]).all()
+    assert (summary["vllm_frontend_ms"] > 0).all()
+    assert summary["outside_vllm_ms"].notna().all()
+    if outside_vllm:
+        assert (summary["outside_vllm_ms"] > 0).all()
 
 
 def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path, monkeypatch):
@@ -444,6 +492,8 @@ def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path, monkeypa
     # direct engine's samples read its idle 0 (2026-12-05), so no more than that is asked here
     assert ((cpu["engine_running_mean"] >= 0) & (cpu["engine_running_mean"] <= 2)).all()
     assert (cpu["engine_step_ms"] >= 0).all()
+    check_engine_time_split(summary, outside_vllm=False)
+    assert cpu.loc["vllm-openai", "outside_vllm_ms"] > 0
     assert summary.attrs["out_dir"] == str(tmp_path.resolve())
     command = (tmp_path / "vllm-openai" / "command.txt").read_text()
     for key in device_engine_defaults():  # CPU: 8 sequences, float32; GPU: bf16, a share of its memory

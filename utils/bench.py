@@ -69,6 +69,13 @@ SERVER_COLUMNS = ("server_queue_ms", "server_execute_ms")
 CPU_COLUMNS = ("cpu_machine", "cpu_load_busiest", "cpu_frontend", "cpu_engine", "cpu_server", "cpu_steal")
 RUNNING_GAUGE = "vllm:num_requests_running"  # vLLM's name; our backend publishes its engines' under the same one
 GAUGE_SAMPLE_S = 0.5  # each scrape is work for the process serving the page (vLLM's API server is one): seldom
+ENGINE_TIME_HISTOGRAMS = {  # vLLM's per-request histograms, as the engine saw each request (means per level)
+    "engine_ttft_ms": "vllm:time_to_first_token_seconds",
+    "engine_e2e_ms": "vllm:e2e_request_latency_seconds",
+    "engine_queue_ms": "vllm:request_queue_time_seconds",
+    "engine_inference_ms": "vllm:request_inference_time_seconds",
+}
+ENGINE_SETTLE_S = 3.0  # our backend publishes its histograms once a second (backend/vllm/metrics.py)
 LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
 STREAMS_PER_WORKER = 32  # one asyncio process keeps up with this many token streams on a fast GPU
 START_LEAD_S = 0.5  # workers get their share, open their client, then all start at the same instant
@@ -197,6 +204,9 @@ def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
             row[column] = float(records[column].mean())
     if "engine_running_mean" in records:
         row.update(engine_columns(float(records["engine_running_mean"].mean()), row["output_tokens_per_s"]))
+    engine_times = {column: float(records[column].mean()) for column in ENGINE_TIME_HISTOGRAMS if column in records}
+    if len(ok) and engine_times:
+        row.update(engine_time_split(engine_times, float(ok["e2e_ms"].mean())))
     return row
 
 
@@ -209,6 +219,24 @@ def engine_columns(running_mean: float, output_tokens_per_s: float) -> dict[str,
     requests running on the engine (responses or requests held up on their way) or slower engine steps."""
     step_ms = 1000.0 * running_mean / output_tokens_per_s if output_tokens_per_s > 0 else float("nan")
     return {"engine_running_mean": running_mean, "engine_step_ms": step_ms}
+
+
+def engine_time_split(engine_times: dict[str, float], client_e2e_mean_ms: float) -> dict[str, float]:
+    """Where a request's time went, from the means of vLLM's own histograms (``engine_times``, keyed by
+    ENGINE_TIME_HISTOGRAMS' columns) and the client's mean end-to-end time.
+
+    vLLM times a request from ``add_request`` to its last output processed on its event loop (``engine_e2e_ms``),
+    and, in the engine's process, its wait in the queue and its time from scheduling to the last token. So
+    ``vllm_frontend_ms`` (engine e2e - queue - inference) is the time between the event loop and the engine
+    (the request going in, the last token coming out: an event loop that falls behind the engine shows here),
+    and ``outside_vllm_ms`` (client e2e - engine e2e) the time outside vLLM: the server in front of it, the
+    backend's admission and sending, the network and the client. Means, not percentiles: they add up."""
+    split = dict(engine_times)
+    if {"engine_e2e_ms", "engine_queue_ms", "engine_inference_ms"} <= engine_times.keys():
+        split["vllm_frontend_ms"] = engine_times["engine_e2e_ms"] - engine_times["engine_queue_ms"] - engine_times["engine_inference_ms"]
+    if "engine_e2e_ms" in engine_times:
+        split["outside_vllm_ms"] = client_e2e_mean_ms - engine_times["engine_e2e_ms"]
+    return split
 
 
 def summarize(records: pd.DataFrame) -> pd.DataFrame:
@@ -1172,6 +1200,55 @@ def running_requests(metrics_text: str, model: str) -> float | None:
     return float(running["value"].sum()) if len(running) else None
 
 
+def histogram_totals(metrics_text: str, model: str) -> dict[str, tuple[float, float]]:
+    """Each ENGINE_TIME_HISTOGRAMS family's observation count and sum on a Prometheus text page, summed over its
+    series (one per engine) of ``model`` (Triton labels our backend's by model; vLLM's own pages have one)."""
+    from utils.notebook import parse_metrics
+
+    samples = parse_metrics(metrics_text)
+    mine = samples[samples["model"].isin([model, None])]
+    totals = {}
+    for family in ENGINE_TIME_HISTOGRAMS.values():
+        count = mine.loc[mine["sample"] == f"{family}_count", "value"]
+        if len(count):
+            totals[family] = (float(count.sum()), float(mine.loc[mine["sample"] == f"{family}_sum", "value"].sum()))
+    return totals
+
+
+def scrape_histograms(url: str | None, model: str) -> dict[str, tuple[float, float]] | None:
+    """`histogram_totals` of the page at ``url``; None without a page or when the scrape fails."""
+    if not url:
+        return None
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return histogram_totals(reply.read().decode("utf-8"), model)
+    except (OSError, ValueError):
+        return None
+
+
+def engine_time_columns(
+    before: dict[str, tuple[float, float]] | None, scrape: Callable[[], dict | None], finished: int, settle_s: float = ENGINE_SETTLE_S
+) -> dict[str, float]:
+    """The mean of each ENGINE_TIME_HISTOGRAMS family over the requests of a level, in ms: the difference of two
+    `histogram_totals`, the second scraped (``scrape``) once the end-to-end histogram has counted the level's
+    ``finished`` requests or ``settle_s`` has passed (a page that publishes once a second lags its engine)."""
+    if before is None:
+        return {}
+    e2e = ENGINE_TIME_HISTOGRAMS["engine_e2e_ms"]
+    deadline = time.monotonic() + settle_s
+    while True:
+        after = scrape() or {}
+        counted = after.get(e2e, (0.0, 0.0))[0] - before.get(e2e, (0.0, 0.0))[0]
+        if counted >= finished or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    columns = {}
+    for column, family in ENGINE_TIME_HISTOGRAMS.items():
+        if family in before and family in after and after[family][0] > before[family][0]:
+            columns[column] = 1000.0 * (after[family][1] - before[family][1]) / (after[family][0] - before[family][0])
+    return columns
+
+
 class RunningSampler:
     """Samples `running_requests` from a metrics endpoint on a thread of its own while a level runs (vLLM
     updates the gauge every engine step; our backend publishes it to Triton once a second); a context manager.
@@ -1234,15 +1311,19 @@ def sweep_target(
             desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             taken = prompts.take(plan.request_count(level))
             before, cpu_before = server_counters(endpoint), cpu_reading(server_pid, load_pids)
+            histograms_before = scrape_histograms(metrics_url, endpoint.model)
             with RunningSampler(metrics_url, endpoint.model) as running:
                 streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
             cpu_after = cpu_reading(server_pid, load_pids)
+            finished = sum(1 for stream in streams if not stream.error)
+            engine_times = engine_time_columns(histograms_before, lambda: scrape_histograms(metrics_url, endpoint.model), finished)
             columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
             columns.update(server_time_columns(before, server_counters(endpoint)))
             columns.update(cpu_columns(cpu_before, cpu_after))
             if metrics_url and streams:
                 in_flight = (min(st.start for st in streams), max(st.end for st in streams))
                 columns["engine_running_mean"] = running.mean_between(*in_flight)
+            columns.update(engine_times)
             frames.append(records_frame(streams, columns))
             levels_bar.update(1)
     return pd.concat(frames, ignore_index=True)

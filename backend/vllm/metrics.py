@@ -3,7 +3,10 @@
 vLLM calls ``record`` on its output loop once per engine step. Every Triton metric update is an IPC round
 trip from the stub to the server, so updates are never made there: ``record`` only adds to in-process
 totals (a few additions), and a flusher thread publishes them once per ``FLUSH_S``. Histograms are per
-request (time to first token, mean time per output token, end to end), observed by the flusher.
+request (time to first token, mean time per output token, end to end, and the engine's share of it: waiting
+in its queue, and from scheduling to the last token), observed by the flusher. vLLM measures end to end from
+``add_request`` to the last output processed on the event loop, the other two in the engine's process, so
+the difference is the time a request spends between the event loop and the engine (``utils.bench``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ class TritonStatLogger(StatLoggerBase):
                 "vllm:time_per_output_token_seconds", "Mean time per output token, per request", family.HISTOGRAM, True
             ),
             "e2e": self._metric("vllm:e2e_request_latency_seconds", "End-to-end request latency", family.HISTOGRAM, True),
+            "queue": self._metric(
+                "vllm:request_queue_time_seconds", "Time a request waited in the engine's queue", family.HISTOGRAM, True
+            ),
+            "inference": self._metric(
+                "vllm:request_inference_time_seconds", "Time from a request's scheduling to its last token", family.HISTOGRAM, True
+            ),
         }
         self._lock = threading.Lock()
         self._totals = dict.fromkeys(self._counters, 0)
@@ -71,6 +80,8 @@ class TritonStatLogger(StatLoggerBase):
                 for finished in iteration_stats.finished_requests:
                     self._totals["finished"] += 1
                     self._observations.append(("e2e", finished.e2e_latency))
+                    self._observations.append(("queue", finished.queued_time))
+                    self._observations.append(("inference", finished.inference_time))
                     if finished.num_generation_tokens > 1:
                         self._observations.append(("tpot", finished.mean_time_per_output_token))
 

@@ -1,91 +1,47 @@
-"""The rule by which the backend's sender shares the event loop with vLLM's output processing, on made-up
-timings (the sender itself runs inside Triton's stub; tests/test_backend.py streams through it)."""
+"""How the backend's responses reach Triton: the doorbell of vLLM's output collector, the outbox between the event
+loop and the sending thread, the pace of vLLM's response objects; on made-up outputs (the sender itself runs
+inside Triton's stub; tests/test_backend.py streams through it)."""
 
 from __future__ import annotations
 
 import importlib.util
+import threading
 
 import pytest
 
 from utils.paths import backend_source
 
-_spec = importlib.util.spec_from_file_location("backend_turns", backend_source() / "turns.py")
-turns = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(turns)
-
-SEND_S = 0.00025  # one response: an IPC round trip to the Triton process (0.17-0.29 ms measured on an H200)
+_spec = importlib.util.spec_from_file_location("backend_sending", backend_source() / "sending.py")
+sending = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sending)
 
 
-class FakeClock:
-    """A clock that moves only when a response is sent, so a turn's length is counted in sends."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def queue_of(waiting: list[str], firsts: set[str] = frozenset()) -> "turns.SendQueue":
-    queue = turns.SendQueue()
-    for name in waiting:
-        assert queue.add(name, name, first=name in firsts)
-    return queue
+def test_the_outbox_serves_first_and_final_responses_ahead_of_the_others_each_line_in_order():
+    outbox = sending.Outbox()
+    for item, urgent in [("a1", False), ("b-first", True), ("a2", False), ("c-final", True)]:
+        outbox.put(item, urgent)
+    assert len(outbox) == 4
+    assert [outbox.get() for _ in range(4)] == ["b-first", "c-final", "a1", "a2"]
+    assert len(outbox) == 0
 
 
-def drain(queue: "turns.SendQueue") -> list[str]:
-    return [queue.pop() for _ in range(len(queue))]
+def test_the_sending_thread_gets_everything_put_before_the_stop_then_the_stop():
+    outbox, got = sending.Outbox(), []
 
+    def consume() -> None:
+        while (item := outbox.get()) is not sending.Outbox.STOP:
+            got.append(item)
 
-def run_turn(waiting: list[str], allowance_s: float, firsts: set[str] = frozenset()) -> tuple[list[str], list[str]]:
-    clock = FakeClock()
-    ready = queue_of(waiting, firsts)
-    sent: list[str] = []
-
-    def deliver(stream: str) -> None:
-        sent.append(stream)
-        clock.now += SEND_S
-
-    assert turns.send_one_turn(ready, deliver, allowance_s, clock) == len(sent)
-    return sent, drain(ready)
-
-
-def test_later_responses_get_their_share_of_the_allowance_longest_waiting_first():
-    allowance_s = 16 * SEND_S  # 4 ms of processing since the previous turn
-    sent, left = run_turn([f"r{i}" for i in range(256)], allowance_s)
-    assert turns.LATER_SHARE * allowance_s == 4 * SEND_S  # the rule under test: a quarter of it for sending
-    assert sent == ["r0", "r1", "r2", "r3"]
-    assert left[0] == "r4" and len(left) == 252  # the rest wait, in order, for the next turn
-
-
-def test_every_first_response_goes_whatever_the_allowance():
-    waiting = [f"later{i}" for i in range(8)] + [f"new{i}" for i in range(100)]
-    sent, left = run_turn(waiting, allowance_s=0.0, firsts={f"new{i}" for i in range(100)})
-    assert sent == [f"new{i}" for i in range(100)] + ["later0"]  # then one later response, the least a turn sends
-    assert left == [f"later{i}" for i in range(1, 8)]
-
-
-def test_a_turn_sends_at_least_one_response_even_with_no_allowance():
-    sent, left = run_turn(["a", "b"], allowance_s=0.0)
-    assert sent == ["a"] and left == ["b"]
-
-
-def test_after_an_idle_loop_a_turn_sends_everything_waiting():
-    sent, left = run_turn([f"r{i}" for i in range(64)], allowance_s=1.0)
-    assert len(sent) == 64 and left == []
-
-
-def test_first_responses_are_served_before_the_others_each_line_in_order_of_arrival():
-    queue = queue_of(["a", "b", "new1", "c", "new2"], firsts={"new1", "new2"})
-    assert drain(queue) == ["new1", "new2", "a", "b", "c"]
-
-
-def test_a_stream_already_waiting_keeps_its_place_and_a_discarded_one_is_gone():
-    queue = queue_of(["a", "b", "c"])
-    assert not queue.add("a", "a", first=False) and not queue.add("b", "b", first=True)
-    queue.discard("b")
-    queue.discard("missing")
-    assert len(queue) == 2 and drain(queue) == ["a", "c"] and not queue
+    thread = threading.Thread(target=consume)
+    thread.start()  # it waits in get, without the GIL, until the loop puts something
+    for index in range(1000):
+        outbox.put(index, urgent=index % 100 == 0)
+    outbox.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert sorted(got) == list(range(1000))  # nothing lost, nothing twice
+    others = [item for item in got if item % 100]
+    assert others == sorted(others)  # each line in order
 
 
 def _delta(text: str, token: int, finished: bool = False):
@@ -102,16 +58,16 @@ def test_vllms_collector_rings_the_doorbell_once_per_response_and_merges_the_out
     from vllm.v1.engine.output_processor import RequestOutputCollector
 
     collector = RequestOutputCollector(RequestOutputKind.DELTA, "r")
-    queue = turns.SendQueue()
-    collector.ready = turns.Doorbell(lambda: queue.add("r", collector, first=True))
+    rings: list[str] = []
+    collector.ready = sending.Doorbell(lambda: rings.append("r"))
     for token, text in enumerate([" Paris", ",", " France"]):
         collector.put(_delta(text, token))
-    assert len(queue) == 1
-    merged = queue.pop().get_nowait()
+    assert rings == ["r"]
+    merged = collector.get_nowait()
     assert (merged.outputs[0].text, list(merged.outputs[0].token_ids), merged.finished) == (" Paris, France", [0, 1, 2], False)
     assert collector.get_nowait() is None
     collector.put(_delta(".", 3, finished=True))
-    assert len(queue) == 1 and queue.pop().get_nowait().finished
+    assert rings == ["r", "r"] and collector.get_nowait().finished
 
 
 def test_the_load_time_check_passes_vllms_collector_and_refuses_one_that_signals_otherwise():
@@ -126,20 +82,20 @@ def test_the_load_time_check_passes_vllms_collector_and_refuses_one_that_signals
         def put(self, output) -> None:
             raise TypeError("only RequestOutputs")
 
-    assert turns.rings_the_doorbell(RequestOutputCollector(RequestOutputKind.DELTA, "probe"))
-    assert not turns.rings_the_doorbell(SignalsOtherwise())
-    assert not turns.rings_the_doorbell(TakesNoErrors())
+    assert sending.rings_the_doorbell(RequestOutputCollector(RequestOutputKind.DELTA, "probe"))
+    assert not sending.rings_the_doorbell(SignalsOtherwise())
+    assert not sending.rings_the_doorbell(TakesNoErrors())
 
 
 def test_output_pace_is_half_the_tokens_per_response_and_one_when_idle():
-    pace = turns.OutputPace()
+    pace = sending.OutputPace()
     assert pace.interval() == 1  # before any response: every token, as vLLM does by default
     for _ in range(200):
         pace.observe(20)  # under load the sender's responses carry 20 tokens
     assert pace.interval() == 10
     for _ in range(200):
         pace.observe(100)
-    assert pace.interval() == turns.OutputPace.LIMIT
+    assert pace.interval() == sending.OutputPace.LIMIT
     for _ in range(200):
         pace.observe(1)  # the load is gone: responses carry a token each
     assert pace.interval() == 1
@@ -148,7 +104,7 @@ def test_output_pace_is_half_the_tokens_per_response_and_one_when_idle():
 def test_output_pace_falls_back_to_one_when_responses_carry_what_it_gathered():
     """When the sender takes each output as soon as vLLM builds it, a response carries the interval's tokens:
     the next interval is half of it, so an idle server's streams go back to a token per response."""
-    pace, interval = turns.OutputPace(), 8
+    pace, interval = sending.OutputPace(), 8
     for _ in range(20):
         pace.observe(8)
     for _ in range(400):
@@ -168,7 +124,7 @@ def tokenizer():
 
 def test_vllm_builds_a_streaming_requests_outputs_every_stream_interval_tokens_first_and_last_at_once(tokenizer):
     """Against the installed vLLM's own output processor: the backend sets a request's ``stream_interval`` after
-    adding it (``turns.OutputPace``) and relies on vLLM reading it at every step, sending the first token at
+    adding it (``sending.OutputPace``) and relies on vLLM reading it at every step, sending the first token at
     once, every ``stream_interval`` tokens after, and the rest with the last, nothing lost."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest
