@@ -1226,14 +1226,28 @@ def scrape_histograms(url: str | None, model: str) -> dict[str, tuple[float, flo
         return None
 
 
+def settled_histograms(scrape: Callable[[], dict | None], quiet_s: float = 1.1, settle_s: float = ENGINE_SETTLE_S) -> dict | None:
+    """A `histogram_totals` reading once the page has stopped changing for ``quiet_s`` (our backend publishes
+    once a second: longer than that unchanged, nothing earlier is left to publish), or after ``settle_s``."""
+    reading, deadline = scrape(), time.monotonic() + settle_s
+    while reading is not None and time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        again = scrape()
+        if again == reading:
+            break
+        reading = again
+    return reading
+
+
 def engine_time_columns(
     before: dict[str, tuple[float, float]] | None, scrape: Callable[[], dict | None], finished: int, settle_s: float = ENGINE_SETTLE_S
-) -> dict[str, float]:
-    """The mean of each ENGINE_TIME_HISTOGRAMS family over the requests of a level, in ms: the difference of two
-    `histogram_totals`, the second scraped (``scrape``) once the end-to-end histogram has counted the level's
+) -> tuple[dict[str, float], dict | None]:
+    """The mean of each ENGINE_TIME_HISTOGRAMS family over the requests of a level, in ms, and the reading it ends
+    with (the next level's ``before``): the difference of two `histogram_totals`, ``before`` settled
+    (`settled_histograms`), the second scraped once the end-to-end histogram has counted the level's
     ``finished`` requests or ``settle_s`` has passed (a page that publishes once a second lags its engine)."""
     if before is None:
-        return {}
+        return {}, None
     e2e = ENGINE_TIME_HISTOGRAMS["engine_e2e_ms"]
     deadline = time.monotonic() + settle_s
     while True:
@@ -1246,7 +1260,7 @@ def engine_time_columns(
     for column, family in ENGINE_TIME_HISTOGRAMS.items():
         if family in before and family in after and after[family][0] > before[family][0]:
             columns[column] = 1000.0 * (after[family][1] - before[family][1]) / (after[family][0] - before[family][0])
-    return columns
+    return columns, (after if counted == finished else None)
 
 
 class RunningSampler:
@@ -1306,17 +1320,19 @@ def sweep_target(
         warm_plan = dataclasses.replace(plan, duration_s=None)
         run_level(pool, endpoint, warm_plan, warm, prompts.take(plan.warmup), seed=plan.seed, desc=f"{target} warm-up")
     frames = []
+    scrape = functools.partial(scrape_histograms, metrics_url, endpoint.model)
+    histograms = None
     for number, level in enumerate(plan.levels):
         for repeat in range(plan.repeats):
             desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             taken = prompts.take(plan.request_count(level))
+            histograms = histograms or settled_histograms(scrape)  # the previous level's, when it counted exactly its own
             before, cpu_before = server_counters(endpoint), cpu_reading(server_pid, load_pids)
-            histograms_before = scrape_histograms(metrics_url, endpoint.model)
             with RunningSampler(metrics_url, endpoint.model) as running:
                 streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
             cpu_after = cpu_reading(server_pid, load_pids)
             finished = sum(1 for stream in streams if not stream.error)
-            engine_times = engine_time_columns(histograms_before, lambda: scrape_histograms(metrics_url, endpoint.model), finished)
+            engine_times, histograms = engine_time_columns(histograms, scrape, finished)
             columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
             columns.update(server_time_columns(before, server_counters(endpoint)))
             columns.update(cpu_columns(cpu_before, cpu_after))
