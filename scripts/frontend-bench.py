@@ -13,7 +13,7 @@ for. Variants, each run twice, alternated:
   logging stat loggers), as in vLLM's own server and in the backend before;
 - ``no-prometheus``: without vLLM's Prometheus stat logger, whose registry in the stub nobody can scrape
   (Triton's metrics port serves the backend's own metrics);
-- ``paced``: that, and response objects built every T/2 tokens per request (``turns.OutputPace``), not every token.
+- ``paced``: that, and response objects built every T/2 tokens per request (``sending.OutputPace``), not every token.
 """
 
 from __future__ import annotations
