@@ -358,6 +358,21 @@ def test_plots_draw_one_line_per_target_and_percentile(tmp_path):
         plots.plot_throughput(summary, x="request_rate")
 
 
+def test_time_split_stacks_the_parts_of_each_levels_end_to_end(tmp_path):
+    summary = made_up_summary()
+    parts = {"engine_queue_ms": 5.0, "engine_inference_ms": 300.0, "vllm_frontend_ms": 20.0, "outside_vllm_ms": -2.0}
+    with pytest.raises(ValueError, match="engine_queue_ms"):
+        plots.plot_time_split(summary)
+    figure = plots.plot_time_split(summary.assign(**parts), path=tmp_path / "split.png")
+    bars = figure.axes[0].patches
+    assert len(bars) == 4 * len(summary)  # a bar per part per level
+    widths = [bar.get_width() for bar in bars]
+    assert widths[: len(summary)] == [5.0] * len(summary) and widths[-len(summary):] == [0.0] * len(summary)
+    ends = [bar.get_x() + bar.get_width() for bar in bars[2 * len(summary) : 3 * len(summary)]]
+    assert ends == [325.0] * len(summary)  # stacked: queue, inference, then the front-end's share
+    assert (tmp_path / "split.png").stat().st_size > 1000
+
+
 def test_cdf_goes_from_zero_to_one_per_target(tmp_path):
     records = made_up_records()
     figure = plots.plot_latency_cdf(records, "e2e_ms", path=tmp_path / "cdf.png")
@@ -387,7 +402,7 @@ def check_outputs(out, summary, targets, levels, max_tokens, requests, repeats):
     environment = json.loads((out / "environment.json").read_text())
     assert environment["device"] == ("GPU" if has_gpu() else "CPU") and environment["versions"]["vllm"] and environment["cpu_count"]
     assert environment["engine_args"].get("max_num_seqs") == device_engine_defaults().get("max_num_seqs")  # 8 on CPU
-    for name in ("throughput.png", "ttft.png", "itl.png", "cdf_e2e.png", "cdf_ttft.png"):
+    for name in ("throughput.png", "ttft.png", "itl.png", "cdf_e2e.png", "cdf_ttft.png", "time_split.png"):
         assert (out / name).stat().st_size > 1000, name
     return records, environment
 

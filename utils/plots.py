@@ -1,4 +1,5 @@
-"""Plots of `utils.bench` results: throughput, latency percentiles and latency CDFs, one line per target.
+"""Plots of `utils.bench` results: throughput, latency percentiles and latency CDFs, one line per target, and
+where a request's time went (`plot_time_split`).
 
 Figures are built with ``matplotlib.figure.Figure`` rather than pyplot: no global state, no GUI backend
 (works headless, in tests and in papermill), and a notebook shows the returned figure exactly once.
@@ -107,9 +108,43 @@ def plot_latency_cdf(
     return _save(figure, path)
 
 
+TIME_PARTS = {  # utils.bench's means, stacked in the order a request meets them (end to end, for the client)
+    "engine_queue_ms": "waiting in the engine's queue",
+    "engine_inference_ms": "in the engine: scheduled to last token",
+    "vllm_frontend_ms": "between vLLM's event loop and its engine",
+    "outside_vllm_ms": "outside vLLM: server, backend, network, client",
+}
+
+
+def plot_time_split(summary: pd.DataFrame, path: str | Path | None = None) -> Figure:
+    """Where a request's time went, per target and concurrency: one bar each, stacked from vLLM's own
+    histograms (``utils.bench.engine_time_split``; means, so they add up to the client's mean end to end).
+    A part below zero (clocks of two processes, a few ms) is drawn as zero."""
+    rows = summary[summary["concurrency"].notna()] if "concurrency" in summary else summary.iloc[0:0]
+    missing = [column for column in TIME_PARTS if column not in rows]
+    if rows.empty or missing:
+        raise ValueError(f"no closed-loop levels with the engine's time split (missing: {missing or 'levels'})")
+    rows = rows.sort_values(["concurrency", "target"], kind="stable")
+    labels = [f"{target}, {concurrency:g}" for target, concurrency in zip(rows["target"], rows["concurrency"])]
+    figure = Figure(figsize=(9, 0.45 * len(rows) + 1.6), layout="constrained")
+    axes = figure.subplots()
+    left = np.zeros(len(rows))
+    for number, (column, label) in enumerate(TIME_PARTS.items()):
+        width = rows[column].fillna(0).clip(lower=0).to_numpy()
+        axes.barh(labels, width, left=left, color=f"C{number}", label=label)
+        left += width
+    axes.invert_yaxis()  # the lowest concurrency on top, as read
+    axes.set_xlabel("ms per request (mean)")
+    axes.set_title("where a request's time went (target, concurrent clients)")
+    axes.grid(True, axis="x", alpha=0.3)
+    figure.legend(loc="outside lower center", ncols=2, fontsize="small")  # below the bars, never over them
+    return _save(figure, path)
+
+
 def save_benchmark_plots(summary: pd.DataFrame, records: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """Every plot the data allows, as PNGs in ``out_dir``: against concurrency (closed-loop levels) and
-    against request rate (open-loop levels), and the CDFs of the highest concurrency."""
+    against request rate (open-loop levels), the CDFs of the highest concurrency, and where the time went
+    (when every target had a metrics page to read vLLM's histograms from)."""
     out = Path(out_dir)
     written = []
     for x, suffix in (("concurrency", ""), ("request_rate", "_rate")):
@@ -124,4 +159,7 @@ def save_benchmark_plots(summary: pd.DataFrame, records: pd.DataFrame, out_dir: 
             name = f"cdf_{metric.removesuffix('_ms')}.png"
             plot_latency_cdf(records, metric, path=out / name)
             written.append(out / name)
+    if set(TIME_PARTS) <= set(summary.columns) and summary["concurrency"].notna().any():
+        plot_time_split(summary, out / "time_split.png")
+        written.append(out / "time_split.png")
     return written
