@@ -16,7 +16,7 @@ thread have the GIL back soon after each). Earlier designs, measured at 256 stre
 engine output from each request's task (one token per response, 43 ms between tokens); one send per pass of the
 loop (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process); turns of the loop's time,
 a quarter of it for sending (22-25 tokens per response, 0.92-0.98 of the in-process engine's requests/s,
-2026-12-04); four sender threads at the default switch interval, before the doorbell, lost to those sending.
+2026-12-04); four sender threads (a 0.5 ms switch interval), before the doorbell, lost to the turns of their day.
 Triton's cancellation flags are polled from a thread of their own, so those round trips leave the loop free.
 vLLM builds a streaming request's response objects at the sender's pace (``sending.OutputPace`` sets the
 request's ``stream_interval``), not one per token to be merged away, and its Prometheus stat logger, whose
