@@ -432,14 +432,17 @@ def test_engine_time_columns_wait_for_the_levels_requests_then_average_the_diffe
     assert columns == {"engine_e2e_ms": pytest.approx(750.0), "engine_queue_ms": pytest.approx(100.0)}
     assert last == {e2e: (14.0, 10.5), queue: (14.0, 0.9)}  # counted exactly the level's: the next level starts there
     assert bench.engine_time_columns(None, lambda: {}, finished=4) == ({}, None)  # no metrics page: no columns
+    assert bench.engine_time_columns({}, lambda: {}, finished=4, settle_s=10.0) == ({}, None)  # no histograms: at once
     stuck = bench.engine_time_columns(before, lambda: before, finished=4, settle_s=0.0)
     assert stuck == ({}, None)  # nothing counted: no mean, and the next level settles its own start
 
 
 def test_a_reading_is_settled_once_the_page_stops_changing():
-    pages = iter([{"e2e": (1.0, 1.0)}, {"e2e": (3.0, 2.0)}, {"e2e": (3.0, 2.0)}, {"e2e": (9.0, 9.0)}])
-    assert bench.settled_histograms(lambda: next(pages), quiet_s=0.0) == {"e2e": (3.0, 2.0)}
+    e2e = "vllm:e2e_request_latency_seconds"
+    pages = iter([{e2e: (1.0, 1.0)}, {e2e: (3.0, 2.0)}, {e2e: (3.0, 2.0)}, {e2e: (9.0, 9.0)}])
+    assert bench.settled_histograms(lambda: next(pages), quiet_s=0.0) == {e2e: (3.0, 2.0)}
     assert bench.settled_histograms(lambda: None, quiet_s=0.0) is None
+    assert bench.settled_histograms(lambda: {}, quiet_s=10.0) == {}  # metrics off: at once, nothing to wait for
 
 
 def test_engine_time_split_separates_the_engine_the_event_loop_and_what_lies_outside_vllm():

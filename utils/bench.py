@@ -1228,9 +1228,10 @@ def scrape_histograms(url: str | None, model: str) -> dict[str, tuple[float, flo
 
 def settled_histograms(scrape: Callable[[], dict | None], quiet_s: float = 1.1, settle_s: float = ENGINE_SETTLE_S) -> dict | None:
     """A `histogram_totals` reading once the page has stopped changing for ``quiet_s`` (our backend publishes
-    once a second: longer than that unchanged, nothing earlier is left to publish), or after ``settle_s``."""
+    once a second: longer than that unchanged, nothing earlier is left to publish), or after ``settle_s``; at
+    once when the page has no end-to-end histogram (metrics switched off: nothing to wait for)."""
     reading, deadline = scrape(), time.monotonic() + settle_s
-    while reading is not None and time.monotonic() < deadline:
+    while reading and ENGINE_TIME_HISTOGRAMS["engine_e2e_ms"] in reading and time.monotonic() < deadline:
         time.sleep(quiet_s)
         again = scrape()
         if again == reading:
@@ -1246,9 +1247,9 @@ def engine_time_columns(
     with (the next level's ``before``): the difference of two `histogram_totals`, ``before`` settled
     (`settled_histograms`), the second scraped once the end-to-end histogram has counted the level's
     ``finished`` requests or ``settle_s`` has passed (a page that publishes once a second lags its engine)."""
-    if before is None:
-        return {}, None
     e2e = ENGINE_TIME_HISTOGRAMS["engine_e2e_ms"]
+    if not before or e2e not in before:  # no page, or no histograms on it: no columns, and no waiting for them
+        return {}, None
     deadline = time.monotonic() + settle_s
     while True:
         after = scrape() or {}
@@ -1326,7 +1327,8 @@ def sweep_target(
         for repeat in range(plan.repeats):
             desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             taken = prompts.take(plan.request_count(level))
-            histograms = histograms or settled_histograms(scrape)  # the previous level's, when it counted exactly its own
+            if histograms is None:  # else the previous level's reading, which counted exactly its own requests
+                histograms = settled_histograms(scrape)
             before, cpu_before = server_counters(endpoint), cpu_reading(server_pid, load_pids)
             with RunningSampler(metrics_url, endpoint.model) as running:
                 streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
