@@ -5,30 +5,36 @@ answered at once with an INVALID_ARG error naming the field) and hand the valid 
 thread of its own (uvloop when installed, as vLLM's own server uses), where vLLM's ``AsyncLLM`` runs. A request
 is added with ``AsyncLLM.add_request`` (``RequestOutputKind.DELTA`` when streaming): vLLM's output collector for
 it merges the engine's outputs until they are taken, and its ``ready`` event is replaced by a doorbell
-(``sending.Doorbell``) that marks the request pending, so no task per request wakes per engine step as
-``AsyncLLM.generate``'s callers do. One task on the loop turns each pending request's merged output into one
-response, and one thread sends the responses (``sending.Outbox``: first and final responses ahead of the rest).
-A request has at most one response with the thread; what its engine makes meanwhile merges in its collector,
-so the responses carry more tokens exactly when sending is what limits them. ``send`` is an IPC round trip to
-the Triton process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the stub releases
-the GIL: from the thread, the loop processes the engine's outputs meanwhile (``SWITCH_INTERVAL_S`` lets the
-thread have the GIL back soon after each). Earlier designs, measured at 256 streams on an H200: a send per
-engine output from each request's task (one token per response, 43 ms between tokens); one send per pass of the
-loop (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process); turns of the loop's time,
-a quarter of it for sending (22-25 tokens per response, 0.92-0.98 of the in-process engine's requests/s,
-2026-12-04); four sender threads (a 0.5 ms switch interval), before the doorbell, lost to the turns of their day.
+(``turns.Doorbell``) that puts the request in the sending queue, so no task per request wakes per engine step
+as ``AsyncLLM.generate``'s callers do. One sender task takes each queued request's merged output and sends it as
+one response, in turns (``turns``): a turn sends every waiting first and final response (a client waits
+longest for its first, its next request waits for the final one, and each request has one of each), then later
+responses, each in order of waiting, for a quarter of the time since the previous turn ended, so under load
+the engine's output processing keeps most of the loop. ``send``
+is an IPC round trip to the Triton process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC)
+during which the loop does nothing else; outputs made meanwhile merge in the collectors and the next turn
+carries them. Measured at 256 streams on an H200: a send per engine output from each request's task tied the
+engine to 256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the
+loop fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process);
+turns sharing the loop half and half sent 7-8 tokens per response at 0.65 of the in-process engine's
+requests/s; the quarter share sends 22-25 at 0.92-0.98 of it, TTFT p50 164-276 ms against 152 (2026-12-04,
+each request still with a task iterating ``generate``). The doorbell against that task, side by side (one 6 s run
+per level): at 64 / 256 streams gRPC 138 / 167 requests/s against 112 / 155, HTTP 132 / 216 against 126 / 186.
 Triton's cancellation flags are polled from a thread of their own, so those round trips leave the loop free.
-vLLM builds a streaming request's response objects at the sender's pace (``sending.OutputPace`` sets the
-request's ``stream_interval``), not one per token to be merged away, and its Prometheus stat logger, whose
-registry nothing serves in the stub, is dropped: 0.57-0.60 of the loop's output processing per step
-(scripts/frontend-bench.py).
+vLLM builds a streaming request's response objects at the sender's pace (``turns.OutputPace`` sets the request's
+``stream_interval``), not one per token to be merged away, and its Prometheus stat logger, whose registry nothing
+serves in the stub, is dropped: 0.57-0.60 of the loop's output processing per step (scripts/frontend-bench.py).
+Sending from a thread of its own (the loop only building responses, switch interval 0.2 ms) lost to these turns
+on an H100 (2026-12-05, one 6 s run per level, 64 / 256 streams): gRPC 119 / 198 requests/s against 122 / 223,
+TTFT p50 at 256 221 ms against 122, HTTP 115 / 221 against 139 / 229, with 1.0 core of the stub busy against 0.7-0.8.
+Final responses with the first ones, against later (another H100, 2026-12-05, 64 / 256 streams): gRPC 224 / 418
+requests/s against 216 / 383, HTTP 226 / 417 against 220 / 408, TTFT p50 at 256 120 / 154 ms against 51 / 44.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import gc
 import json
@@ -37,7 +43,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +72,15 @@ from .coordination import (
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
-from .sending import Doorbell, Outbox, OutputPace, rings_the_doorbell
+from .turns import (
+    Doorbell,
+    OutputPace,
+    SendQueue,
+    hurry_when_finished,
+    rings_the_doorbell,
+    send_one_turn,
+    stop_hurrying,
+)
 
 INTERNAL_SAMPLING_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "routed_experts_prompt_start"}
 REQUEST_ONLY_KEYS = {"lora_name"}
@@ -77,12 +90,6 @@ HEALTH_POLL_S = 0.5
 READY_WAIT_S = 2.0
 ENGINE_STOP_WAIT_S = 10.0  # a stub left by a dead Triton exits after this even if the engine's shutdown hangs
 UNLOADING = "the model is being unloaded"
-SENDER_STOP_WAIT_S = 10.0
-# Python's switch interval in this process (the stub serves this one instance). The sending thread comes back from
-# each IPC round trip wanting the GIL, which a busy event loop gives up only when the interval runs out: at the
-# default 5 ms a thread doing 0.3 ms GIL-free waits beside a busy thread managed 183 a second, at 0.2 ms 1587,
-# and the busy thread's own work was unchanged (2-core CPU, Python 3.12).
-SWITCH_INTERVAL_S = 0.0002
 
 
 class BadRequest(ValueError):
@@ -97,7 +104,7 @@ def allowed_sampling_keys() -> tuple[str, ...]:
 
 
 def check_output_collector() -> None:
-    """Refuse to load on a vLLM whose output collector no longer rings the doorbell (``sending.rings_the_doorbell``):
+    """Refuse to load on a vLLM whose output collector no longer rings the doorbell (``turns.rings_the_doorbell``):
     every request would go unanswered."""
     if not rings_the_doorbell(RequestOutputCollector(RequestOutputKind.DELTA, "probe")):
         raise pb_utils.TritonModelException(
@@ -108,7 +115,7 @@ def check_output_collector() -> None:
 
 def per_request_output_states(engine) -> dict | None:
     """vLLM's per-request output state (``OutputProcessor.request_states``), where each streaming request's
-    ``stream_interval`` is read at every engine step (``sending.OutputPace``); None when this vLLM keeps it
+    ``stream_interval`` is read at every engine step (``turns.OutputPace``); None when this vLLM keeps it
     elsewhere (the backend then leaves vLLM's one response object per token, and says so at load)."""
     states = getattr(getattr(engine, "output_processor", None), "request_states", None)
     return states if isinstance(states, dict) else None
@@ -310,17 +317,6 @@ class RequestStream:
         self.collector = None
         self.answered = False
         self.ended = False
-        self.sending = False  # a response of it is with the sending thread: outputs merge in the collector meanwhile
-        self.rang = False  # its collector rang while it was sending
-
-
-@dataclass(slots=True)
-class Outgoing:
-    """A response for the sending thread; ``final`` closes the stream (``response`` None: just the final flag)."""
-
-    stream: RequestStream
-    response: object
-    final: bool
 
 
 class VllmModel:
@@ -349,10 +345,7 @@ class VllmModel:
         self._pollers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triton-poll")
         self._cancel_poller = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cancel-poll")
         self._streams: dict[str, RequestStream] = {}
-        self._pending: dict[str, RequestStream] = {}  # streams whose collector rang, for the loop's next building pass
-        self._outbox = Outbox()  # responses built, for the sending thread
-        self._sent: deque[tuple[RequestStream, BaseException | None]] = deque()  # the thread's reports to the loop
-        self._sent_signalled = False
+        self._ready = SendQueue()  # the streams with something pending, in the order they are served
         self._tasks: set[asyncio.Task] = set()  # requests being added to the engine, aborts: kept until done
         self._dead: BaseException | None = None
         self._accepting = True
@@ -380,9 +373,6 @@ class VllmModel:
         drop_unreachable_prometheus_logger(self.engine)
         scheduler = self.engine.vllm_config.scheduler_config
         self._on_loop(self._start_watchers(), timeout=30)
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self._sender = threading.Thread(target=self._send_forever, name="triton-send", daemon=True)
-        self._sender.start()
         threading.Thread(target=self._leave_with_triton, name="triton-watch", daemon=True).start()
         freeze_startup_heap()
         self.logger.log_info(
@@ -444,8 +434,8 @@ class VllmModel:
         return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers)
 
     async def _start_watchers(self) -> None:
-        self._has_pending = asyncio.Event()
-        self._building = asyncio.create_task(self._build_responses())
+        self._has_ready = asyncio.Event()
+        self._sending = asyncio.create_task(self._send_in_turn())
         self._watchers = [asyncio.create_task(self._watch_cancellations()), asyncio.create_task(self._watch_health())]
 
     # ---- requests --------------------------------------------------------------------------------
@@ -495,7 +485,7 @@ class VllmModel:
         task.add_done_callback(self._tasks.discard)
 
     async def _start(self, stream: RequestStream, prompt: str, params: SamplingParams, lora) -> None:
-        """Hand the request to the engine and let its output collector ring for the sender (``sending.Doorbell``):
+        """Hand the request to the engine and let its output collector ring for the sender (``turns.Doorbell``):
         no task per request waits on the engine's outputs, the sender takes them when it serves the stream."""
         try:
             if not await self._fits_context(prompt, params):
@@ -509,12 +499,13 @@ class VllmModel:
         if stream.ended:  # the client left, or the model is being unloaded, while the engine took the request
             return await self._abort(collector.request_id)
         collector.ready = Doorbell(functools.partial(self._queue_for_sending, stream))
+        hurry_when_finished(collector, functools.partial(self._ready.hurry, stream.request_id))
         if collector.output is not None:  # arrived before the doorbell was in place (an engine error)
             self._queue_for_sending(stream)
 
     def _pace_outputs(self, engine_request_id: str) -> None:
         """Have vLLM build this streaming request's response objects every few tokens, at the sender's pace
-        (``sending.OutputPace``), not every token; its first and last token still come at once. A
+        (``turns.OutputPace``), not every token; its first and last token still come at once. A
         ``stream_interval`` set in model.json (vLLM's engine argument, the request's value until now) is a floor."""
         state = self._output_states.get(engine_request_id) if self._output_states is not None else None
         if state is not None:
@@ -536,11 +527,13 @@ class VllmModel:
             return
         stream.ended = True
         self._streams.pop(stream.request_id, None)
-        self._pending.pop(stream.request_id, None)
-        self._outbox.put(Outgoing(stream, response, final=True), urgent=True)
+        self._ready.discard(stream.request_id)
+        stream.channel.close(response)
+        stream.channel.release()
         collector, stream.collector = stream.collector, None  # the collector's doorbell refers back to the stream
         if collector is not None:
             collector.close()
+            stop_hurrying(collector)
             if abort:
                 self._spawn(self._abort(collector.request_id))
 
@@ -566,86 +559,40 @@ class VllmModel:
         )
 
     def _queue_for_sending(self, stream: RequestStream) -> None:
-        """(rung by the stream's output collector) Have the next building pass take the stream's new output; a
-        stream whose previous response is still with the sending thread waits for it (its outputs merge
-        meanwhile). An ended stream's collector can still ring until the engine has its abort."""
-        if stream.ended:
-            return
-        if stream.sending:
-            stream.rang = True
-        elif stream.request_id not in self._pending:
-            self._pending[stream.request_id] = stream
-            self._has_pending.set()
+        """(rung by the stream's output collector) Join the sending queue, a first response ahead of the others
+        (a final one moves ahead when it arrives: ``turns.hurry_when_finished``); an ended stream's collector can
+        still ring until the engine has its abort."""
+        if not stream.ended and self._ready.add(stream.request_id, stream, urgent=not stream.answered):
+            self._has_ready.set()
 
-    async def _build_responses(self) -> None:
-        """The loop's part of sending: each pass turns every pending stream's merged output into one response for
-        the sending thread. The loop never waits on Triton: each send is an IPC round trip (0.17-0.29 ms on an
-        H200) during which it would do nothing else."""
+    async def _send_in_turn(self) -> None:
+        """The only place streams are sent, in turns (``turns.send_one_turn``: every first and final response,
+        then later ones for a share of the time since the previous turn ended); the loop's other work runs between two."""
+        turn_ended = time.perf_counter()
         while True:
-            await self._has_pending.wait()
-            self._take_sent_reports()
-            self._has_pending.clear()
-            pending, self._pending = self._pending, {}
-            for stream in pending.values():
-                self._build(stream)
+            if not self._ready:
+                self._has_ready.clear()
+                await self._has_ready.wait()
+            send_one_turn(self._ready, self._deliver, allowance_s=time.perf_counter() - turn_ended)
+            turn_ended = time.perf_counter()
+            await asyncio.sleep(0)  # the loop's other work runs, and earns the next turn its allowance
 
-    def _build(self, stream: RequestStream) -> None:
-        """What the stream's collector has merged since its previous response, as one response in the outbox:
-        a first or final one in the urgent line."""
-        if stream.ended:
-            return
+    def _deliver(self, stream: RequestStream) -> None:
+        """Send what the stream's collector has merged since its previous response, as one response."""
         try:
             output = stream.collector.get_nowait()
         except Exception as err:  # noqa: BLE001 - the engine's error for this request (a dead engine)
             return self._end(stream, self._failure(stream, err))
-        if output is None:
-            return
         try:
-            response = self._response(stream, output)
-        except Exception as err:  # noqa: BLE001 - one request's surprise stops that request, not the others
-            self.logger.log_error(f"[vllm] could not build a response for {stream.request_id}: {err!r}")
-            return self._end(stream, error_response(f"could not build a response: {err}", pb_utils.TritonError.INTERNAL))
+            stream.channel.send(self._response(stream, output), FINAL if output.finished else 0)
+        except Exception as err:  # noqa: BLE001 - this client's stream is broken: stop its request, not the others
+            self.logger.log_warn(f"[vllm] could not send a response: {err!r}; stopping the request")
+            return self._end(stream)
         if stream.answered:  # a first response carries one token whatever the load: not a sign of the pace
             self._pace.observe(len(output.outputs[0].token_ids))
-        first, stream.answered = not stream.answered, True
+        stream.answered = True
         if output.finished:
-            return self._end(stream, response, abort=False)
-        stream.sending = True
-        self._outbox.put(Outgoing(stream, response, final=False), urgent=first)
-
-    def _send_forever(self) -> None:
-        """(the sending thread) Send the outbox's responses in its order. The stub releases the GIL during each
-        round trip to Triton, so the event loop processes the engine's outputs meanwhile; each sent response is
-        reported back to the loop (``_take_sent_reports``), woken once per batch of reports."""
-        while (item := self._outbox.get()) is not Outbox.STOP:
-            if item.final:
-                item.stream.channel.close(item.response)
-                item.stream.channel.release()
-                continue
-            failure = None
-            try:
-                item.stream.channel.send(item.response)
-            except Exception as err:  # noqa: BLE001 - this client's stream is broken: the loop stops its request
-                failure = err
-            self._sent.append((item.stream, failure))
-            if not self._sent_signalled:
-                self._sent_signalled = True
-                with contextlib.suppress(RuntimeError):  # the loop is closed: the model is being finalized
-                    self.loop.call_soon_threadsafe(self._has_pending.set)
-
-    def _take_sent_reports(self) -> None:
-        """Streams whose response the thread has sent are free for the next one (queued again if their collector
-        rang meanwhile); a stream whose send failed is stopped."""
-        self._sent_signalled = False
-        while self._sent:
-            stream, failure = self._sent.popleft()
-            stream.sending = False
-            if failure is not None:
-                self.logger.log_warn(f"[vllm] could not send a response: {failure!r}; stopping the request")
-                self._end(stream)
-            elif stream.rang:
-                stream.rang = False
-                self._queue_for_sending(stream)
+            self._end(stream, abort=False)
 
     def _response(self, stream: RequestStream, output):
         completion, wants = output.outputs[0], stream.wants
@@ -775,8 +722,6 @@ class VllmModel:
             self._on_loop(self._drain(grace), timeout=grace + 30)
         except Exception as err:  # noqa: BLE001 - finalize must always get to shutting the engine down
             self.logger.log_warn(f"[vllm] draining failed: {err!r}")
-        self._outbox.stop()  # after every stream's final response
-        self._sender.join(timeout=SENDER_STOP_WAIT_S)
         self.engine.shutdown()
         self.engine = None  # collected below, while the interpreter is whole: AsyncLLM.__del__ shuts down again
         for stat_logger in self._stat_loggers:
@@ -790,9 +735,8 @@ class VllmModel:
         for stream in self._streams.values():
             stream.channel.release()
         self._streams.clear()
-        self._pending.clear()
-        self._sent.clear()
-        self._watchers, self._building = [], None
+        self._ready.clear()
+        self._watchers, self._sending = [], None
         self._tasks.clear()
         gc.collect()
 
@@ -803,8 +747,8 @@ class VllmModel:
         for stream in list(self._streams.values()):
             self._end(stream)
         await asyncio.gather(*self._tasks, return_exceptions=True)  # requests still being added, then aborted
-        self._building.cancel()  # after the streams: draining needs it
-        await asyncio.gather(self._building, return_exceptions=True)
+        self._sending.cancel()  # after the streams: draining needs it
+        await asyncio.gather(self._sending, return_exceptions=True)
         await self._stop_output_handler()
 
     async def _stop_output_handler(self) -> None:
