@@ -10,9 +10,8 @@ as ``AsyncLLM.generate``'s callers do. One sender task takes each queued request
 one response, in turns (``turns``): a turn sends every waiting first and final response (a client waits
 longest for its first, its next request waits for the final one, and each request has one of each), then later
 responses, each in order of waiting, for a quarter of the time since the previous turn ended, so under load
-the engine's output processing keeps most of the loop. ``send``
-is an IPC round trip to the Triton process (about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC)
-during which the loop does nothing else; outputs made meanwhile merge in the collectors and the next turn
+the engine's output processing keeps most of the loop. ``send`` is an IPC round trip to the Triton process
+(about 0.17 ms through HTTP on an H200, 0.29 ms through gRPC) during which the loop does nothing else; outputs made meanwhile merge in the collectors and the next turn
 carries them. Measured at 256 streams on an H200: a send per engine output from each request's task tied the
 engine to 256 round trips per step (one token per response, 43 ms between tokens); one send per pass of the
 loop fell behind the engine (whole 128-token answers in one response, TTFT 1 s against 146 ms in-process);
