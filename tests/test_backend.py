@@ -48,6 +48,33 @@ def test_streaming_with_exclude_input_sends_only_the_completion(triton):
     assert streamed.text == bare["text_output"]
 
 
+@pytest.fixture(scope="module")
+def period_token_id() -> int:
+    (token_id,) = AutoTokenizer.from_pretrained(default_model_dir()).encode(".")
+    return token_id
+
+
+@pytest.mark.parametrize("ending", ["length", "stop token", "stop token included"])
+def test_the_senders_text_is_vllms_text(triton, period_token_id, ending):
+    """Plain requests get their text from the backend's sender (``detokenize.py``: vLLM hands over token ids);
+    a stop string that never matches makes vLLM decode the same request itself. Streamed and whole, the texts
+    are the same, a stop token left out (or kept) as vLLM does."""
+    prompt = "In French, Japanese and emoji, good morning is"
+    sampling = {"temperature": 0, "max_tokens": 16}
+    if ending != "length":
+        sampling |= {"stop_token_ids": [period_token_id], "include_stop_str_in_output": ending == "stop token included"}
+    by_vllm = {**sampling, "stop": ["\u0001never"]}
+    for stream_mode in (True, False):
+        ours = stream(triton.grpc_url, prompt, sampling=sampling, stream_mode=stream_mode, exclude_input_in_output=True)
+        theirs = stream(triton.grpc_url, prompt, sampling=by_vllm, stream_mode=stream_mode, exclude_input_in_output=True)
+        assert ours.error is None and theirs.error is None
+        assert ours.text == theirs.text and ours.text.strip()
+        assert ours.finish_reasons[-1] == ("length" if ending == "length" else "stop")
+        assert sum(ours.tokens) == sum(theirs.tokens)
+    if ending == "stop token included":
+        assert ours.text.endswith(".")
+
+
 def test_default_max_tokens_is_vllms_16(triton):
     streamed = stream(triton.grpc_url, "Count:", sampling={"temperature": 0, "ignore_eos": True})
     assert sum(streamed.tokens) == 16

@@ -23,6 +23,10 @@ Triton's cancellation flags are polled from a thread of their own, so those roun
 vLLM builds a streaming request's response objects at the sender's pace (``turns.OutputPace`` sets the request's
 ``stream_interval``), not one per token to be merged away, and its Prometheus stat logger, whose registry nothing
 serves in the stub, is dropped: 0.57-0.60 of the loop's output processing per step (scripts/frontend-bench.py).
+vLLM's settings are read from the environment once the engine is up (as its engine core does; its output path
+read one per token), and a plain request's text is decoded by the sender from the token ids (``detokenize``),
+not token by token by vLLM: 0.58 / 0.45 of that per step at 64 / 256 streams on 2 CPU cores (settings cached
+alone 0.69 / 0.60; scripts/frontend-bench.py, 2026-12-05); not yet measured on a GPU.
 Sending from a thread of its own (the loop only building responses, switch interval 0.2 ms) lost to these turns
 on an H100 (2026-12-05, one 6 s run per level, 64 / 256 streams): gRPC 119 / 198 requests/s against 122 / 223,
 TTFT p50 at 256 221 ms against 122, HTTP 115 / 221 against 139 / 229, with 1.0 core of the stub busy against 0.7-0.8.
@@ -49,6 +53,7 @@ import msgspec
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from vllm import __version__ as VLLM_VERSION
+from vllm import envs as vllm_envs
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.lora.request import LoRARequest
@@ -68,6 +73,7 @@ from .coordination import (
     parent_command_line,
     triton_http_address,
 )
+from .detokenize import SenderText, decodable_at_send, rust_tokenizer
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
@@ -127,6 +133,16 @@ def drop_unreachable_prometheus_logger(engine) -> None:
     loggers = getattr(getattr(engine, "logger_manager", None), "stat_loggers", None)
     if isinstance(loggers, list):
         loggers[:] = [logger for logger in loggers if not isinstance(logger, PrometheusStatLogger)]
+
+
+def cache_vllm_settings() -> None:
+    """What vLLM's engine core does once it is up (``vllm.envs.enable_envs_cache``), done in the stub as well:
+    vLLM reads its settings from the environment at each use, and its output path reads one for every token of
+    every request (``VLLM_COMPUTE_NANS_IN_LOGITS``, an ``os.getenv`` each time; vLLM 0.26 and 0.32), on the event
+    loop the sender shares. Settings made after the engine has started are not seen, as in the engine core."""
+    enable = getattr(vllm_envs, "enable_envs_cache", None)
+    if enable is not None:
+        enable()
 
 
 def freeze_startup_heap() -> None:
@@ -314,6 +330,7 @@ class RequestStream:
         self.wants = wants
         self.prompt_prefix = prompt_prefix
         self.collector = None
+        self.text: SenderText | None = None  # set when the sender decodes the text, not vLLM (``detokenize``)
         self.answered = False
         self.ended = False
 
@@ -370,6 +387,8 @@ class VllmModel:
         self.max_model_len = self.engine.model_config.max_model_len
         self._output_states = per_request_output_states(self.engine)
         drop_unreachable_prometheus_logger(self.engine)
+        self._rust_tokenizer = rust_tokenizer(self.engine.tokenizer)
+        cache_vllm_settings()
         scheduler = self.engine.vllm_config.scheduler_config
         self._on_loop(self._start_watchers(), timeout=30)
         threading.Thread(target=self._leave_with_triton, name="triton-watch", daemon=True).start()
@@ -379,6 +398,7 @@ class VllmModel:
             f"max_num_seqs={scheduler.max_num_seqs} max_num_batched_tokens={scheduler.max_num_batched_tokens} "
             f"default max_tokens=16 (set 'max_tokens' per request); event loop: {loop_kind}; "
             f"response objects {'paced to the sender' if self._output_states is not None else 'one per token'}; "
+            f"text {'decoded by the sender' if self._rust_tokenizer is not None else 'decoded by vLLM, token by token'}; "
             f"started in {import_s + engine_s:.1f} s (vLLM import {import_s:.1f} s, engine {engine_s:.1f} s)"
         )
 
@@ -474,6 +494,9 @@ class VllmModel:
     def _begin(self, request_id, parsed, params, lora, sender) -> None:
         prompt_prefix = "" if parsed.exclude_input else parsed.prompt  # goes before the first text (streaming too)
         stream = RequestStream(request_id, ResponseChannel(sender), parsed.wants, prompt_prefix)
+        if self._rust_tokenizer is not None and decodable_at_send(params):
+            params.detokenize = False  # token ids only: the sender decodes them as it sends (``detokenize``)
+            stream.text = SenderText(self._rust_tokenizer, params.skip_special_tokens, params.include_stop_str_in_output)
         self._streams[request_id] = stream
         self._spawn(self._start(stream, parsed.prompt, params, lora))
 
@@ -595,7 +618,11 @@ class VllmModel:
 
     def _response(self, stream: RequestStream, output):
         completion, wants = output.outputs[0], stream.wants
-        text, stream.prompt_prefix = stream.prompt_prefix + completion.text, ""
+        new_text = completion.text
+        if stream.text is not None:
+            stopped = output.finished and completion.finish_reason == "stop"
+            new_text = stream.text.next_text(output.prompt_token_ids, completion.token_ids, stopped)
+        text, stream.prompt_prefix = stream.prompt_prefix + new_text, ""
         tensors = [_string_tensor("text_output", text)]
         if wants["return_finish_reason"]:
             tensors.append(_string_tensor("finish_reason", str(completion.finish_reason or "")))
