@@ -31,6 +31,8 @@ from pathlib import Path
 
 STEPS = 128
 VARIANTS = ("vllm", "no-prometheus", "paced", "settings-cached", "text-at-send")
+SENDER_TOKENS_PER_RESPONSE = {64: 10, 256: 25}
+ROUNDS = 5  # each variant run this many times, the variants alternated
 
 
 def backend_detokenize():
@@ -40,10 +42,6 @@ def backend_detokenize():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-SENDER_TOKENS_PER_RESPONSE = {64: 10, 256: 25}
-ROUNDS = 5  # each variant run this many times, the variants alternated
 
 
 def one_run(tokenizer, config, streams: int, variant: str, drain_every: int, detokenize) -> float:
@@ -82,7 +80,7 @@ def one_run(tokenizer, config, streams: int, variant: str, drain_every: int, det
         if level >= VARIANTS.index("paced"):
             processor.request_states[request_id].stream_interval = max(1, drain_every // 2)
         if sender_decodes:
-            texts[request_id] = detokenize.SenderText(tokenizer._tokenizer, True, False)
+            texts[request_id] = detokenize.SenderText(detokenize.rust_tokenizer(tokenizer), True, False)
     step_times = []
     for step in range(STEPS):
         last = step == STEPS - 1
@@ -120,11 +118,11 @@ def main(argv: list[str]) -> None:
                 runs[variant].append(one_run(tokenizer, config, streams, variant, drain_every, detokenize))
         base, paced = statistics.median(runs["vllm"]), statistics.median(runs["paced"])
         for variant in VARIANTS:
-            mean = statistics.median(runs[variant])
+            median = statistics.median(runs[variant])
             print(
-                f"{streams:4d} streams, taken every {drain_every:2d} steps, {variant:15s}: {mean:7.0f} us per step "
-                f"({mean / streams:5.2f} per token; runs {', '.join(f'{r:.0f}' for r in runs[variant])}), "
-                f"{mean / base:.2f} of vllm, {mean / paced:.2f} of paced"
+                f"{streams:4d} streams, taken every {drain_every:2d} steps, {variant:15s}: {median:7.0f} us per step "
+                f"({median / streams:5.2f} per token; runs {', '.join(f'{r:.0f}' for r in runs[variant])}), "
+                f"{median / base:.2f} of vllm, {median / paced:.2f} of paced"
             )
 
 
