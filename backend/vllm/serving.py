@@ -26,7 +26,8 @@ serves in the stub, is dropped: 0.57-0.60 of the loop's output processing per st
 vLLM's settings are read from the environment once the engine is up (as its engine core does; its output path
 read one per token), and a plain request's text is decoded by the sender from the token ids (``detokenize``),
 not token by token by vLLM: 0.58 / 0.45 of that per step at 64 / 256 streams on 2 CPU cores (settings cached
-alone 0.69 / 0.60; scripts/frontend-bench.py, 2026-12-05); not yet measured on a GPU.
+alone 0.69 / 0.60; scripts/frontend-bench.py, 2026-12-05; 0.68 / 0.64 on an H100 host). Served on that H100 against
+the backend before (two rounds): TTFT p50 at 256 streams 0.66-0.80 of it, requests/s 0.97-1.05 of it.
 Sending from a thread of its own (the loop only building responses, switch interval 0.2 ms) lost to these turns
 on an H100 (2026-12-05, one 6 s run per level, 64 / 256 streams): gRPC 119 / 198 requests/s against 122 / 223,
 TTFT p50 at 256 221 ms against 122, HTTP 115 / 221 against 139 / 229, with 1.0 core of the stub busy against 0.7-0.8.
