@@ -259,6 +259,12 @@ def test_vllm_metrics_on_tritons_metrics_port(triton):
     }
     assert 0 < seconds["request_inference_time"] and 0 <= seconds["request_queue_time"]
     assert seconds["request_queue_time"] + seconds["request_inference_time"] < seconds["e2e_request_latency"], seconds
+    # the engine's steps (vLLM's histogram of tokens per step, under its name): a prefill step, then one per token
+    steps, tokens = (
+        metric(after, f"vllm:iteration_tokens_total_{part}") - metric(before, f"vllm:iteration_tokens_total_{part}")
+        for part in ("count", "sum")
+    )
+    assert steps >= GREEDY["max_tokens"] - 1 and tokens >= steps + 1, (steps, tokens)  # the prompt: several tokens
     labelled = [k for k in after if k.startswith("vllm:time_to_first_token_seconds_bucket{")]
     assert labelled and all('model="vllm_model"' in k and 'version="1"' in k and 'instance="vllm_model_0_0"' in k for k in labelled)
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):

@@ -424,6 +424,35 @@ def test_histogram_totals_count_and_sum_the_measured_models_series_only():
     assert totals == {"vllm:e2e_request_latency_seconds": (10.0, 7.5), "vllm:request_queue_time_seconds": (10.0, 0.5)}
 
 
+def step_page(count: int, tokens: int, buckets: dict[str, int]) -> str:
+    """A page with the engine steps' histogram of our backend's model and of another one (left out)."""
+    lines = ["# TYPE vllm:iteration_tokens_total histogram"]
+    for model, scale in (("vllm_model", 1), ("other", 100)):
+        labels = f'model="{model}",version="1"'
+        lines += [f'vllm:iteration_tokens_total_bucket{{{labels},le="{le}"}} {n * scale}' for le, n in buckets.items()]
+        lines += [f"vllm:iteration_tokens_total_count{{{labels}}} {count * scale}", f"vllm:iteration_tokens_total_sum{{{labels}}} {tokens}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_engine_step_columns_count_the_steps_that_carried_a_prefill():
+    before = bench.histogram_totals(step_page(10, 40, {"1": 2, "8": 4, "16": 6, "64": 8, "128": 10, "+Inf": 10}), "vllm_model")
+    assert before["vllm:iteration_tokens_total"] == (10.0, 40.0) and before[bench.step_bucket_key(16)] == (6.0, 0.0)
+    # 4 requests at 16 clients: 40 steps of at most 16 tokens, 3 larger ones (a prefill in each; two requests shared one)
+    after = bench.histogram_totals(step_page(53, 1040, {"1": 2, "8": 4, "16": 46, "64": 48, "128": 53, "+Inf": 53}), "vllm_model")
+    columns = bench.engine_step_columns(before, after, concurrency=16, finished=4)
+    assert columns == {
+        "engine_tokens_per_step": pytest.approx(1000 / 43),
+        "engine_steps_per_request": pytest.approx(43 / 4),
+        "engine_prefill_steps_per_request": pytest.approx(3 / 4),
+    }
+    assert bench.engine_step_columns(before, after, concurrency=10, finished=4) == columns  # the bucket that holds 10: 16
+    open_loop = bench.engine_step_columns(before, after, concurrency=None, finished=4)
+    assert "engine_prefill_steps_per_request" not in open_loop and open_loop["engine_steps_per_request"] == pytest.approx(43 / 4)
+    assert "engine_prefill_steps_per_request" not in bench.engine_step_columns(before, after, concurrency=300, finished=4)
+    assert bench.engine_step_columns({}, after, concurrency=16, finished=4) == {}  # no histogram before: nothing to subtract
+    assert bench.engine_step_columns(before, before, concurrency=16, finished=4) == {}  # no step counted
+
+
 def test_engine_time_columns_wait_for_the_levels_requests_then_average_the_difference():
     e2e, queue = "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"
     before = {e2e: (10.0, 7.5), queue: (10.0, 0.5)}
@@ -494,6 +523,11 @@ def check_engine_time_split(summary: pd.DataFrame, outside_vllm: bool) -> None:
     assert (summary["engine_ttft_ms"] > 0).all() and (summary["engine_ttft_ms"] <= summary["engine_e2e_ms"]).all()
     assert (summary["vllm_frontend_ms"] > 0).all()
     assert summary["outside_vllm_ms"].notna().all()
+    # the engine's steps, from vLLM's histogram of tokens per step (our backend publishes it under vLLM's name): every
+    # step computed a token, and each request's 100-token prompt was prefilled in one step, alone or with others
+    assert (summary["engine_tokens_per_step"] >= 1).all() and (summary["engine_steps_per_request"] > 0).all()
+    prefill_steps = summary.loc[summary["mode"] == "closed", "engine_prefill_steps_per_request"]
+    assert ((prefill_steps > 0) & (prefill_steps <= 1)).all(), prefill_steps.tolist()
     if outside_vllm:
         assert (summary["outside_vllm_ms"] > 0).all()
 

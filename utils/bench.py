@@ -75,6 +75,8 @@ ENGINE_TIME_HISTOGRAMS = {  # vLLM's per-request histograms, as the engine saw e
     "engine_queue_ms": "vllm:request_queue_time_seconds",
     "engine_inference_ms": "vllm:request_inference_time_seconds",
 }
+STEP_TOKENS_HISTOGRAM = "vllm:iteration_tokens_total"  # tokens per engine step: vLLM's, and our backend's under its name
+STEP_COLUMNS = ("engine_tokens_per_step", "engine_steps_per_request", "engine_prefill_steps_per_request")
 ENGINE_SETTLE_S = 3.0  # our backend publishes its histograms once a second (backend/vllm/metrics.py)
 LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
 STREAMS_PER_WORKER = 32  # one asyncio process keeps up with this many token streams on a fast GPU
@@ -199,7 +201,7 @@ def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
         requests_per_s_max=float(runs["requests_per_s"].max()),
         output_tokens_per_s_std=float(runs["output_tokens_per_s"].std()),
     )
-    for column in (*SERVER_COLUMNS, *CPU_COLUMNS):  # Triton's account of admission time; who used the CPU
+    for column in (*SERVER_COLUMNS, *CPU_COLUMNS, *STEP_COLUMNS):  # Triton's admission time; who used the CPU; steps
         if column in records:
             row[column] = float(records[column].mean())
     if "engine_running_mean" in records:
@@ -1201,18 +1203,54 @@ def running_requests(metrics_text: str, model: str) -> float | None:
 
 
 def histogram_totals(metrics_text: str, model: str) -> dict[str, tuple[float, float]]:
-    """Each ENGINE_TIME_HISTOGRAMS family's observation count and sum on a Prometheus text page, summed over its
-    series (one per engine) of ``model`` (Triton labels our backend's by model; vLLM's own pages have one)."""
+    """Each ENGINE_TIME_HISTOGRAMS family's and STEP_TOKENS_HISTOGRAM's observation count and sum on a Prometheus
+    text page, summed over its series (one per engine) of ``model`` (Triton labels our backend's by model; vLLM's
+    own pages have one), and each bucket of the steps' histogram as (count, 0) under `step_bucket_key`."""
     from utils.notebook import parse_metrics
 
     samples = parse_metrics(metrics_text)
     mine = samples[samples["model"].isin([model, None])]
     totals = {}
-    for family in ENGINE_TIME_HISTOGRAMS.values():
+    for family in (*ENGINE_TIME_HISTOGRAMS.values(), STEP_TOKENS_HISTOGRAM):
         count = mine.loc[mine["sample"] == f"{family}_count", "value"]
         if len(count):
             totals[family] = (float(count.sum()), float(mine.loc[mine["sample"] == f"{family}_sum", "value"].sum()))
+    buckets = mine[mine["sample"] == f"{STEP_TOKENS_HISTOGRAM}_bucket"]
+    for bound, bucket in buckets.groupby(buckets["le"].astype(float)):
+        totals[step_bucket_key(bound)] = (float(bucket["value"].sum()), 0.0)
     return totals
+
+
+def step_bucket_key(bound: float) -> str:
+    """Where `histogram_totals` keeps the count of engine steps of at most ``bound`` tokens."""
+    return f"{STEP_TOKENS_HISTOGRAM}<={bound:g}"
+
+
+def engine_step_columns(before: dict, after: dict, concurrency: int | None, finished: int) -> dict[str, float]:
+    """What the engine's steps were over a level, from two `histogram_totals` readings: tokens per step, steps
+    per finished request, and (closed loop) steps that carried a prefill per finished request.
+
+    At ``concurrency`` clients a step that only decodes computes at most that many tokens, one per running
+    request; a step larger than the smallest bucket that holds that many carried a prefill (exact while the
+    prompts are longer than that bucket: 100-token prompts at 1, 16 and 64 clients; at 256 a prefill beside
+    few decodes is missed). 1.0 means every request's prefill ran in a step of its own; requests that reach
+    the engine together share one. None of the three when the page has no steps' histogram."""
+    family = STEP_TOKENS_HISTOGRAM
+    steps = after.get(family, (0.0, 0.0))[0] - before.get(family, (0.0, 0.0))[0]
+    if family not in before or steps <= 0 or finished <= 0:
+        return {}
+    columns = {
+        "engine_tokens_per_step": (after[family][1] - before[family][1]) / steps,
+        "engine_steps_per_request": steps / finished,
+    }
+    bounds = sorted(float(key.rsplit("<=", 1)[1]) for key in after if key.startswith(f"{family}<="))
+    finite = [bound for bound in bounds if bound != float("inf")]  # +Inf holds every step: it tells nothing
+    decode_bound = next((bound for bound in finite if concurrency is not None and bound >= concurrency), None)
+    if decode_bound is not None:
+        key = step_bucket_key(decode_bound)
+        decode_only = after[key][0] - before.get(key, (0.0, 0.0))[0]
+        columns["engine_prefill_steps_per_request"] = (steps - decode_only) / finished
+    return columns
 
 
 def scrape_histograms(url: str | None, model: str) -> dict[str, tuple[float, float]] | None:
@@ -1241,10 +1279,15 @@ def settled_histograms(scrape: Callable[[], dict | None], quiet_s: float = 1.1, 
 
 
 def engine_time_columns(
-    before: dict[str, tuple[float, float]] | None, scrape: Callable[[], dict | None], finished: int, settle_s: float = ENGINE_SETTLE_S
+    before: dict[str, tuple[float, float]] | None,
+    scrape: Callable[[], dict | None],
+    finished: int,
+    settle_s: float = ENGINE_SETTLE_S,
+    concurrency: int | None = None,
 ) -> tuple[dict[str, float], dict | None]:
-    """The mean of each ENGINE_TIME_HISTOGRAMS family over the requests of a level, in ms, and the reading it ends
-    with (the next level's ``before``): the difference of two `histogram_totals`, ``before`` settled
+    """The mean of each ENGINE_TIME_HISTOGRAMS family over the requests of a level, in ms, with the level's
+    `engine_step_columns` (``concurrency``: its clients, None for an open loop), and the reading it ends with
+    (the next level's ``before``): the difference of two `histogram_totals`, ``before`` settled
     (`settled_histograms`), the second scraped once the end-to-end histogram has counted the level's
     ``finished`` requests or ``settle_s`` has passed (a page that publishes once a second lags its engine)."""
     e2e = ENGINE_TIME_HISTOGRAMS["engine_e2e_ms"]
@@ -1261,6 +1304,7 @@ def engine_time_columns(
     for column, family in ENGINE_TIME_HISTOGRAMS.items():
         if family in before and family in after and after[family][0] > before[family][0]:
             columns[column] = 1000.0 * (after[family][1] - before[family][1]) / (after[family][0] - before[family][0])
+    columns.update(engine_step_columns(before, after, concurrency, finished))
     return columns, (after if counted == finished else None)
 
 
@@ -1334,7 +1378,7 @@ def sweep_target(
                 streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
             cpu_after = cpu_reading(server_pid, load_pids)
             finished = sum(1 for stream in streams if not stream.error)
-            engine_times, histograms = engine_time_columns(histograms, scrape, finished)
+            engine_times, histograms = engine_time_columns(histograms, scrape, finished, concurrency=level.concurrency)
             columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
             columns.update(server_time_columns(before, server_counters(endpoint)))
             columns.update(cpu_columns(cpu_before, cpu_after))

