@@ -15,7 +15,7 @@
 #              or the NAME=DIR pairs of AB_VARIANTS; both Triton protocols at concurrency 1/64/256 (AB_LEVELS),
 #              8 s per level (AB_DURATION), the variants alternated AB_ROUNDS times (default 2: one pair on 2026-12-03
 #              was slower at concurrency 1, where the designs do not differ); compare requests/s, TTFT,
-#              tokens_per_response, server_execute_ms, the engine's running requests and step time, where the time went (engine_e2e_ms, vllm_frontend_ms, outside_vllm_ms), and the CPU columns (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
+#              tokens_per_response, server_execute_ms, the engine's running requests, step time and steps with a prefill per request, where the time went (engine_e2e_ms, vllm_frontend_ms, outside_vllm_ms), and the CPU columns (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
 #              with two instances of the model in Triton (two engines, two Python processes: ab-NAME-x2-rROUND.csv);
 #              AB_DIRECT=1 adds the in-process engine at the same levels (ab-direct-r1.csv), the ceiling
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
@@ -121,6 +121,7 @@ runs = [pd.read_csv(f).assign(run=os.path.basename(f)[3:-4]) for f in sorted(glo
 table = pd.concat(runs).pivot_table(index=["target", "concurrency"], columns="run", sort=False,
                                     values=["requests_per_s", "ttft_p50_ms", "tokens_per_response", "server_execute_ms",
                                             "engine_running_mean", "engine_step_ms", "engine_ttft_ms", "engine_e2e_ms",
+                                            "engine_inference_ms", "engine_prefill_steps_per_request", "engine_tokens_per_step",
                                             "vllm_frontend_ms", "outside_vllm_ms",
                                             "cpu_machine", "cpu_frontend", "cpu_engine", "cpu_load_busiest", "cpu_steal"])
 print(table.round(2).to_string())
