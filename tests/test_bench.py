@@ -218,6 +218,11 @@ def test_open_loop_shares_together_send_the_global_schedule():
         bench.plan_shares(ENDPOINT, requests, 1, max_tokens=8, start_at=0.0)
 
 
+def test_rotated_puts_each_repeats_first_target_in_turn():
+    assert [bench.rotated("abc", repeat) for repeat in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert bench.rotated([], 3) == []
+
+
 def test_worker_counts():
     assert bench.auto_workers(1, cpus=16) == 1
     assert bench.auto_workers(256, cpus=16) == 8
@@ -396,6 +401,14 @@ def check_outputs(out, summary, targets, levels, max_tokens, requests, repeats):
     assert (written["requests"] == requests * repeats).all() and (written["errors"] == 0).all()
     assert (records["output_tokens"] == max_tokens).all()  # ignore_eos: exactly max_tokens, every request
     assert (records["chunk_tokens"].map(sum) == records["output_tokens"]).all()
+    # each level ran on every target back to back, the targets' order rotated at each repeat, one run at a time
+    measured = records.drop_duplicates("run_order").sort_values("run_order")
+    assert measured["run_order"].tolist() == list(range(len(targets) * levels * repeats))
+    expected = [t for _ in range(levels) for repeat in range(repeats) for t in bench.rotated(targets, repeat)]
+    assert measured["target"].tolist() == expected
+    blocks = measured[["concurrency", "request_rate", "repeat"]].fillna(-1).groupby(measured["run_order"] // len(targets))
+    assert (blocks.nunique() == 1).all().all()  # one level and repeat per block
+    assert records.groupby("run_order")["target"].nunique().eq(1).all()
     # every target got the same prompts (same indices, warm-up excluded) in the same order
     indices = {t: sorted(g["index"]) for t, g in records.groupby("target")}
     assert all(v == indices[targets[0]] for v in indices.values()) and min(indices[targets[0]]) > 0

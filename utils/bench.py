@@ -1345,50 +1345,80 @@ class RunningSampler:
         return float(np.mean(inside)) if inside else float("nan")
 
 
-def sweep_target(
-    pool: WorkerPool,
-    endpoint: Endpoint,
-    plan: Plan,
-    prompts: PromptCounter,
-    levels_bar: tqdm,
-    server_pid: int | None = None,
-    metrics_url: str | None = None,
-) -> pd.DataFrame:
-    """Warm up (not recorded), then run every level ``plan.repeats`` times; one record per request, with
-    Triton's queue and execute times, the CPU use of the machine and the processes involved (`cpu_columns`;
-    ``server_pid``: the root of the serving processes on this machine, None when there are none here) and
-    the requests running on the engine (`engine_columns`, sampled from ``metrics_url``'s Prometheus page)."""
-    target = endpoint.target
-    load_pids = {process.pid for process in pool.processes}
+@dataclass
+class TargetRun:
+    """One target while the benchmark runs: its load workers, address, metrics page (Prometheus text, None when
+    there is none) and serving process (None when nothing serves it on this machine), and its prompts."""
+
+    endpoint: Endpoint
+    pool: WorkerPool
+    prompts: PromptCounter
+    server_pid: int | None
+    metrics_url: str | None
+
+    @property
+    def target(self) -> str:
+        return self.endpoint.target
+
+
+def warm_up(run: TargetRun, plan: Plan) -> None:
+    """A few requests, not recorded: the first ones pay for connections and the engine's first batches."""
     warm = plan.warmup_level()
     if warm is not None:
         warm_plan = dataclasses.replace(plan, duration_s=None)
-        run_level(pool, endpoint, warm_plan, warm, prompts.take(plan.warmup), seed=plan.seed, desc=f"{target} warm-up")
-    frames = []
-    scrape = functools.partial(scrape_histograms, metrics_url, endpoint.model)
-    histograms = None
+        taken = run.prompts.take(plan.warmup)
+        run_level(run.pool, run.endpoint, warm_plan, warm, taken, seed=plan.seed, desc=f"{run.target} warm-up")
+
+
+def measure_level(run: TargetRun, plan: Plan, level: Level, number: int, repeat: int, readings: dict) -> pd.DataFrame:
+    """One run of one level on one target: one record per request, with Triton's queue and execute times, the
+    CPU use of the machine and the processes involved (`cpu_columns`), the requests running on the engine and
+    the engine's own account of the level (`engine_time_columns`). ``readings`` holds each metrics page's last
+    reading, which counted exactly the requests before it (two targets can share a page: one Triton serves both
+    protocols), so the next level on that page starts from it instead of waiting for the page to settle."""
+    target = run.target
+    desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
+    taken = run.prompts.take(plan.request_count(level))
+    scrape = functools.partial(scrape_histograms, run.metrics_url, run.endpoint.model)
+    histograms = readings.get(run.metrics_url) or settled_histograms(scrape)
+    load_pids = {process.pid for process in run.pool.processes}
+    before, cpu_before = server_counters(run.endpoint), cpu_reading(run.server_pid, load_pids)
+    with RunningSampler(run.metrics_url, run.endpoint.model) as running:
+        streams = run_level(run.pool, run.endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
+    cpu_after = cpu_reading(run.server_pid, load_pids)
+    finished = sum(1 for stream in streams if not stream.error)
+    engine_times, readings[run.metrics_url] = engine_time_columns(histograms, scrape, finished, concurrency=level.concurrency)
+    columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
+    columns.update(server_time_columns(before, server_counters(run.endpoint)))
+    columns.update(cpu_columns(cpu_before, cpu_after))
+    if run.metrics_url and streams:
+        in_flight = (min(st.start for st in streams), max(st.end for st in streams))
+        columns["engine_running_mean"] = running.mean_between(*in_flight)
+    columns.update(engine_times)
+    return records_frame(streams, columns)
+
+
+def rotated(items: Sequence, by: int) -> list:
+    """``items`` starting at ``by`` (modulo their count): each repeat of a level puts another target first."""
+    shift = by % len(items) if items else 0
+    return [*items[shift:], *items[:shift]]
+
+
+def sweep_side_by_side(runs: Sequence[TargetRun], plan: Plan, levels_bar: tqdm) -> pd.DataFrame:
+    """Every level on every target back to back, the targets' order rotated at each repeat, so a machine that
+    speeds up or slows down during the benchmark shifts every target's figures alike, not only those of the
+    target measured at the time (one H100 host, 2026-12-06: one backend's two runs eight minutes apart served
+    125 and 108 requests/s at 64 gRPC streams, 206 and 159 at 256). ``run_order`` numbers the
+    runs in the order measured. Rows come back by target (in the order given), then level, then repeat."""
+    readings: dict = {}
+    frames: dict[tuple[int, int, int], pd.DataFrame] = {}
     for number, level in enumerate(plan.levels):
         for repeat in range(plan.repeats):
-            desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
-            taken = prompts.take(plan.request_count(level))
-            if histograms is None:  # else the previous level's reading, which counted exactly its own requests
-                histograms = settled_histograms(scrape)
-            before, cpu_before = server_counters(endpoint), cpu_reading(server_pid, load_pids)
-            with RunningSampler(metrics_url, endpoint.model) as running:
-                streams = run_level(pool, endpoint, plan, level, taken, seed=plan.seed + 1000 * number + repeat, desc=desc)
-            cpu_after = cpu_reading(server_pid, load_pids)
-            finished = sum(1 for stream in streams if not stream.error)
-            engine_times, histograms = engine_time_columns(histograms, scrape, finished, concurrency=level.concurrency)
-            columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
-            columns.update(server_time_columns(before, server_counters(endpoint)))
-            columns.update(cpu_columns(cpu_before, cpu_after))
-            if metrics_url and streams:
-                in_flight = (min(st.start for st in streams), max(st.end for st in streams))
-                columns["engine_running_mean"] = running.mean_between(*in_flight)
-            columns.update(engine_times)
-            frames.append(records_frame(streams, columns))
-            levels_bar.update(1)
-    return pd.concat(frames, ignore_index=True)
+            for position in rotated(range(len(runs)), repeat):
+                frame = measure_level(runs[position], plan, level, number, repeat, readings)
+                frames[(position, number, repeat)] = frame.assign(run_order=len(frames))
+                levels_bar.update(1)
+    return pd.concat([frames[key] for key in sorted(frames)], ignore_index=True)
 
 
 def local_triton_pid(handle: ServerHandle) -> int | None:
@@ -1482,7 +1512,8 @@ def run_benchmark(
 
     Each level runs ``requests`` requests (default: `Level.default_requests`) or, with ``duration_s``, for
     that long. Triton is the one given as ``triton``, else the session's shared server (``TUTORIAL_TRITON``),
-    else one started here; vLLM's server and the direct engine are always started here, one at a time.
+    else one started here; vLLM's server and the direct engine are always started here. Everything is started
+    (one after another) before the first level and stopped after the last (`sweep_side_by_side`).
     When this process started the Triton being measured, its model.json is what the others run too.
     ``triton_instances`` > 1 starts that Triton with as many instances of the model, each an engine and a
     Python process of its own (the other targets keep one engine).
@@ -1515,26 +1546,27 @@ def run_benchmark(
     environment = environment_info(settings, options)
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
     book = PromptBook(load_tokenizer(settings["model"]), prompt_tokens)
-    frames = []
     startup_s: dict[str, float] = {}
     total = sum(len(g) for g in groups.values()) * len(levels) * repeats
-    with tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
-        for kind, group in groups.items():
+    with contextlib.ExitStack() as running, tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
+        runs = []
+        for kind, group in groups.items():  # one after another: an engine starting measures the GPU's free memory
             started = time.monotonic()
-            with serving(kind, settings, out / kind, triton, progress, triton_instances) as (addresses, metrics, server_pid):
-                startup_s[kind] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
-                for target in group:
-                    with load_workers(target, plan, settings, out / kind) as pool:
-                        if target == "direct":  # its engine starts inside the worker
-                            startup_s[kind] = round(time.monotonic() - started, 1)
-                        endpoint = Endpoint(target, addresses[target])
-                        metrics_url = metrics.get(target) or pool.metrics_url
-                        frames.append(
-                            sweep_target(pool, endpoint, plan, PromptCounter(book), levels_bar, server_pid, metrics_url)
-                        )
+            addresses, metrics, server_pid = running.enter_context(
+                serving(kind, settings, out / kind, triton, progress, triton_instances)
+            )
+            startup_s[kind] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
+            for target in group:
+                pool = running.enter_context(load_workers(target, plan, settings, out / kind))
+                if target == "direct":  # its engine starts inside the worker
+                    startup_s[kind] = round(time.monotonic() - started, 1)
+                run = TargetRun(Endpoint(target, addresses[target]), pool, PromptCounter(book), server_pid,
+                                metrics.get(target) or pool.metrics_url)  # fmt: skip
+                warm_up(run, plan)
+                runs.append(run)
+        records = sweep_side_by_side(runs, plan, levels_bar)
     environment["startup_s"] = startup_s
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
-    records = pd.concat(frames, ignore_index=True)
     summary = summarize(records)
     summary.to_csv(out / "summary.csv", index=False)
     write_records(records, out / "requests.csv")
