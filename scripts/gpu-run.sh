@@ -4,7 +4,8 @@
 # EXTRA_PINS="uvloop==0.23.0 papermill==2.7.0 entrypoints==0.4.2 tenacity==9.2.1" (vLLM's server runs on
 # uvloop; the notebook-structure tests and `make tutorial` import papermill; the kit has none of them).
 #   setup      build /tmp/gpu-env from the kit, print versions and the GPU, `make setup` (bytecode), time vLLM's import, convert the model
-#   bench      the benchmark of record: four targets in one run (HTTP first on the fresh server), concurrency 1/16/64/256, 128 tokens,
+#   bench      the benchmark of record: four targets in one run, all up at once, each level on the four back to back (HTTP first,
+#              then the order rotated at the second repeat), concurrency 1/16/64/256, 128 tokens,
 #              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it);
 #              `tests PATH...` runs those paths only: on 2026-12-04 a slower H200 ran past 560 s with the whole suite, so
