@@ -12,13 +12,16 @@
 #              split it over two calls, e.g. `tests tests/test_[a-k]*.py` then `tests tests/test_[l-z]*.py`
 #   notebooks  `make serve` (a second start: compile caches warm), pytest --nbmake notebooks/ (full parameters)
 #              on that server, then `make stop`
-#   ab         backends side by side: this tree's (`main`) and each one carried as .gpu/ab/NAME/vllm (a changed copy),
-#              or the NAME=DIR pairs of AB_VARIANTS; both Triton protocols at concurrency 1/64/256 (AB_LEVELS),
-#              8 s per level (AB_DURATION), the variants alternated AB_ROUNDS times (default 2: one pair on 2026-12-03
-#              was slower at concurrency 1, where the designs do not differ); compare requests/s, TTFT,
-#              tokens_per_response, server_execute_ms, the engine's running requests, step time and steps with a prefill per request, where the time went (engine_e2e_ms, vllm_frontend_ms, outside_vllm_ms), and the CPU columns (ab-NAME-rROUND.csv); AB_INSTANCES="1 2" also runs each variant
-#              with two instances of the model in Triton (two engines, two Python processes: ab-NAME-x2-rROUND.csv);
-#              AB_DIRECT=1 adds the in-process engine at the same levels (ab-direct-r1.csv), the ceiling
+#   ab         backends side by side in one run: this tree's (`main`) and each one carried as .gpu/ab/NAME/vllm (a changed copy),
+#              or the NAME=DIR pairs of AB_VARIANTS, each on a Triton of its own, all up at once (utils.bench --triton-backends):
+#              each level runs on every variant and protocol back to back, AB_ROUNDS times (default 2, the order rotated each
+#              time: on 2026-12-06 one backend's two rounds five minutes apart differed by 15-30 %), concurrency 1/64/256
+#              (AB_LEVELS), 8 s per level (AB_DURATION); compare requests/s (and its min-max over the rounds), TTFT,
+#              tokens_per_response, server_execute_ms, the engine's running requests, step time and steps with a prefill per
+#              request, where the time went (engine_e2e_ms, vllm_frontend_ms, outside_vllm_ms), and the CPU columns (ab.csv,
+#              ab-requests.csv, ab-table.txt); AB_INSTANCES="1 2" also runs every variant with two instances of the model
+#              (two engines, two Python processes: ab-x2.csv; each engine takes 0.15 of the GPU's memory, so keep variants x
+#              instances at 5 or fewer); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -98,29 +101,29 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
   ab)
     rm -rf /tmp/ab && mkdir -p /tmp/ab && cp -r .gpu/ab/. /tmp/ab/ 2>/dev/null  # carried backends, out of the tree Triton copies
     carried=$(for dir in /tmp/ab/*/vllm; do [ -d "$dir" ] && echo "$(basename "$(dirname "$dir")")=$dir"; done)
-    for round in $(seq "${AB_ROUNDS:-2}"); do  # alternate the variants: a machine that speeds up or slows down favours none
-      for pair in ${AB_VARIANTS:-main=backend/vllm $carried}; do
-        for instances in ${AB_INSTANCES:-1}; do
-          name=${pair%%=*}$([ "$instances" = 1 ] || echo "-x$instances")-r$round dir=$(realpath "${pair#*=}")
-          TUTORIAL_BACKEND_DIR=$dir $PY -m utils.bench --targets triton-grpc,triton-http --concurrency "${AB_LEVELS:-1,64,256}" \
-            --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" --triton-instances "$instances" --no-plots \
-            --out "$TUTORIAL_HOME/ab-$name" 2>&1 | without_progress | tee "$OUT/ab-$name.log"
-          grep -ho "ready: model=.*" "$TUTORIAL_HOME/ab-$name"/*/server.log | grep -o "started in.*" | tee -a "$OUT/ab-$name.log"
-          cp "$TUTORIAL_HOME/ab-$name/summary.csv" "$OUT/ab-$name.csv"
-        done
-      done
+    backends=$(echo ${AB_VARIANTS:-main=backend/vllm $carried} | tr ' ' ,)
+    for instances in ${AB_INSTANCES:-1}; do  # every variant's Triton up at once, each level on all of them back to back
+      name=ab$([ "$instances" = 1 ] || echo "-x$instances")
+      $PY -m utils.bench --targets "triton-grpc,triton-http${AB_DIRECT:+,direct}" --triton-backends "$backends" \
+        --concurrency "${AB_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" \
+        --repeats "${AB_ROUNDS:-2}" --triton-instances "$instances" --no-plots --out "$TUTORIAL_HOME/$name" 2>&1 \
+        | without_progress | tee "$OUT/$name.log"
+      grep -o "ready: model=.*" "$TUTORIAL_HOME/$name"/triton-*/server.log | grep -o "^[^:]*\|started in.*" | paste - - | tee -a "$OUT/$name.log"
+      cp "$TUTORIAL_HOME/$name/summary.csv" "$OUT/$name.csv"
+      cp "$TUTORIAL_HOME/$name/requests.csv" "$OUT/$name-requests.csv"
     done
-    if [ -n "${AB_DIRECT:-}" ]; then  # the in-process engine at the same levels: the ceiling the variants are measured against
-      $PY -m utils.bench --targets direct --concurrency "${AB_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 \
-        --duration "${AB_DURATION:-8}" --no-plots --out "$TUTORIAL_HOME/ab-direct" 2>&1 | without_progress | tee "$OUT/ab-direct.log"
-      cp "$TUTORIAL_HOME/ab-direct/summary.csv" "$OUT/ab-direct-r1.csv"
-    fi
-    $PY - "$OUT" <<'PY' | tee "$OUT/ab-table.txt"  # one table: variant and round side by side per protocol and level
+    $PY - "$OUT" <<'PY' | tee "$OUT/ab-table.txt"  # one table: the variants side by side per protocol and level
 import glob, os, sys
 import pandas as pd
-runs = [pd.read_csv(f).assign(run=os.path.basename(f)[3:-4]) for f in sorted(glob.glob(f"{sys.argv[1]}/ab-*-r*.csv"))]
-table = pd.concat(runs).pivot_table(index=["target", "concurrency"], columns="run", sort=False,
-                                    values=["requests_per_s", "ttft_p50_ms", "tokens_per_response", "server_execute_ms",
+runs = []
+for f in sorted(glob.glob(f"{sys.argv[1]}/ab*.csv")):
+    if not f.endswith("-requests.csv"):
+        s = pd.read_csv(f)
+        parts = s["target"].str.partition("@")  # target@variant; the in-process engine has no variant
+        runs.append(s.assign(target=parts[0], run=parts[2].replace("", "-"), instances=os.path.basename(f)[:-4]))
+table = pd.concat(runs).pivot_table(index=["instances", "target", "concurrency"], columns="run", sort=False,
+                                    values=["requests_per_s", "requests_per_s_min", "requests_per_s_max", "ttft_p50_ms",
+                                            "tokens_per_response", "server_execute_ms",
                                             "engine_running_mean", "engine_step_ms", "engine_ttft_ms", "engine_e2e_ms",
                                             "engine_inference_ms", "engine_prefill_steps_per_request", "engine_tokens_per_step",
                                             "vllm_frontend_ms", "outside_vllm_ms",

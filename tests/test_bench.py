@@ -9,14 +9,16 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import psutil
 import pytest
 
-from utils import bench, plots
+from utils import bench, paths, plots
 from utils.repository import device_engine_defaults, has_gpu
 
 
@@ -578,6 +580,45 @@ def test_vllm_server_and_direct_engine_start_measure_and_stop(tmp_path, monkeypa
         if p.pid not in before and p.is_running() and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
     ]  # fmt: skip
     assert leftovers == []
+
+
+def test_two_backends_are_measured_side_by_side_each_on_a_triton_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "GAUGE_SAMPLE_S", 0.02)
+    copy = tmp_path / "copy" / "vllm"
+    shutil.copytree(paths.backend_source(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    marker = "# the copy measured beside the original\n"
+    (copy / "serving.py").write_text((copy / "serving.py").read_text() + marker)
+    out = tmp_path / "out"
+    summary = bench.run_benchmark(
+        ["triton-grpc"], [2], max_tokens=8, requests=4, repeats=2, warmup=1, out_dir=out, progress=False, plots=False,
+        triton_backends={"main": paths.backend_source(), "copy": copy},
+    )  # fmt: skip
+    assert summary["target"].tolist() == ["triton-grpc@main", "triton-grpc@copy"]
+    assert (summary["requests"] == 8).all() and (summary["errors"] == 0).all()
+    records = bench.read_records(out / "requests.csv")
+    assert (records["output_tokens"] == 8).all()
+    measured = records.drop_duplicates("run_order").sort_values("run_order")["target"].tolist()
+    assert measured == ["triton-grpc@main", "triton-grpc@copy", "triton-grpc@copy", "triton-grpc@main"]
+    # each Triton served its own copy of the backend
+    assert (out / "triton-copy" / "backends" / "vllm" / "serving.py").read_text().endswith(marker)
+    assert not (out / "triton-main" / "backends" / "vllm" / "serving.py").read_text().endswith(marker)
+    environment = json.loads((out / "environment.json").read_text())
+    assert environment["benchmark"]["triton_backends"] == {"main": str(paths.backend_source()), "copy": str(copy)}
+    assert set(environment["startup_s"]) == {"triton@main", "triton@copy"}
+    assert not environment["benchmark"]["triton_reused"]  # not the session's server
+
+
+def test_backends_side_by_side_need_a_triton_target_and_a_folder_with_model_py(tmp_path):
+    with pytest.raises(ValueError, match="give one of them"):
+        bench.run_benchmark(["direct"], [1], triton_backends={"main": paths.backend_source()}, out_dir=tmp_path / "a")
+    with pytest.raises(ValueError, match="has no model.py"):
+        bench.run_benchmark(["triton-grpc"], [1], triton_backends={"x": tmp_path}, out_dir=tmp_path / "b")
+    with pytest.raises(ValueError, match="use letters, digits"):
+        bench.run_benchmark(["triton-grpc"], [1], triton_backends={"a b": paths.backend_source()}, out_dir=tmp_path / "c")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--triton-backends", "main"])
+    assert bench.parse_args(["--triton-backends", "a=x,b=y"]).triton_backends == {"a": Path("x"), "b": Path("y")}
+    assert not any((tmp_path / name).exists() for name in "abc")  # refused before anything started
 
 
 def test_vllm_server_that_cannot_start_is_explained(tmp_path):

@@ -1,7 +1,9 @@
 """The embedded Triton server: readiness, a real generate call, refusal to double-start, clean stops."""
 
 import json
+import os
 import re
+import shutil
 import socket
 import urllib.request
 from pathlib import Path
@@ -131,3 +133,18 @@ def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_never_repeat()
     for port in ports[:3]:  # free when handed out
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_socket_dir_is_the_run_folders_unless_vllms_socket_paths_would_not_fit(tmp_path):
+    short = Path("/tmp") / f"tvt-test-{os.getpid()}" / "tmp"
+    try:
+        assert srv.socket_dir(short) == short and short.is_dir()
+    finally:
+        shutil.rmtree(short.parent, ignore_errors=True)
+    deep = tmp_path / ("d" * 80) / "tmp"  # a benchmark's --out can be this deep
+    chosen = srv.socket_dir(deep)
+    try:
+        assert chosen != deep and not deep.exists()
+        assert len(os.fsencode(chosen / ("u" * 36))) <= srv.SOCKET_PATH_BYTES and chosen.is_dir()
+    finally:
+        shutil.rmtree(chosen, ignore_errors=True)

@@ -35,6 +35,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -47,7 +48,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -879,11 +880,13 @@ class VllmServer:
 
 @contextlib.contextmanager
 def serving_triton(
-    handle: ServerHandle | None, settings: dict, run_dir: Path, progress: bool, instances: int = 1
+    handle: ServerHandle | None, settings: dict, run_dir: Path, progress: bool, instances: int = 1,
+    vllm_backend: Path | None = None,
 ) -> Iterator[ServerHandle]:
     """The Triton to measure: the one given, else the session's shared one, else one started (and stopped) here
-    with ``instances`` instances of the model (each an engine of its own)."""
-    handle = handle or shared_server()
+    with ``instances`` instances of the model (each an engine of its own), serving ``vllm_backend`` (a folder
+    like backend/vllm; default `paths.backend_source`)."""
+    handle = handle or (shared_server() if vllm_backend is None else None)  # a named backend needs its own Triton
     if handle is not None:
         yield handle
         return
@@ -892,7 +895,7 @@ def serving_triton(
     repository = prepare_run_repository(
         run_dir / "model_repository", engine_overrides=settings, instance_count=instances, log=lambda _m: None
     )
-    server = TritonServer(repository, run_dir=run_dir, free_ports=True)
+    server = TritonServer(repository, run_dir=run_dir, free_ports=True, vllm_backend=vllm_backend)
     try:
         server.start().wait_ready(timeout=900, progress=progress)
         yield ServerHandle(server.host, server.ports.http, server.ports.grpc, server.ports.metrics, server)
@@ -1355,10 +1358,7 @@ class TargetRun:
     prompts: PromptCounter
     server_pid: int | None
     metrics_url: str | None
-
-    @property
-    def target(self) -> str:
-        return self.endpoint.target
+    label: str  # the target's name in the results: the target, or ``target@backend`` (`group_targets`)
 
 
 def warm_up(run: TargetRun, plan: Plan) -> None:
@@ -1367,7 +1367,7 @@ def warm_up(run: TargetRun, plan: Plan) -> None:
     if warm is not None:
         warm_plan = dataclasses.replace(plan, duration_s=None)
         taken = run.prompts.take(plan.warmup)
-        run_level(run.pool, run.endpoint, warm_plan, warm, taken, seed=plan.seed, desc=f"{run.target} warm-up")
+        run_level(run.pool, run.endpoint, warm_plan, warm, taken, seed=plan.seed, desc=f"{run.label} warm-up")
 
 
 def measure_level(run: TargetRun, plan: Plan, level: Level, number: int, repeat: int, readings: dict) -> pd.DataFrame:
@@ -1376,8 +1376,7 @@ def measure_level(run: TargetRun, plan: Plan, level: Level, number: int, repeat:
     the engine's own account of the level (`engine_time_columns`). ``readings`` holds each metrics page's last
     reading, which counted exactly the requests before it (two targets can share a page: one Triton serves both
     protocols), so the next level on that page starts from it instead of waiting for the page to settle."""
-    target = run.target
-    desc = f"{target} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
+    desc = f"{run.label} {level.label()}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
     taken = run.prompts.take(plan.request_count(level))
     scrape = functools.partial(scrape_histograms, run.metrics_url, run.endpoint.model)
     histograms = readings.get(run.metrics_url) or settled_histograms(scrape)
@@ -1388,7 +1387,8 @@ def measure_level(run: TargetRun, plan: Plan, level: Level, number: int, repeat:
     cpu_after = cpu_reading(run.server_pid, load_pids)
     finished = sum(1 for stream in streams if not stream.error)
     engine_times, readings[run.metrics_url] = engine_time_columns(histograms, scrape, finished, concurrency=level.concurrency)
-    columns = {"target": target, **level.columns(), "repeat": repeat, "workers": plan.workers_for(level, target)}
+    workers = plan.workers_for(level, run.endpoint.target)
+    columns = {"target": run.label, **level.columns(), "repeat": repeat, "workers": workers}
     columns.update(server_time_columns(before, server_counters(run.endpoint)))
     columns.update(cpu_columns(cpu_before, cpu_after))
     if run.metrics_url and streams:
@@ -1437,13 +1437,14 @@ def local_triton_pid(handle: ServerHandle) -> int | None:
 
 @contextlib.contextmanager
 def serving(
-    kind: str, settings: dict, run_dir: Path, triton: ServerHandle | None, progress: bool, triton_instances: int = 1
-) -> Iterator[tuple[dict[str, str], int | None]]:
+    kind: str, settings: dict, run_dir: Path, triton: ServerHandle | None, progress: bool, triton_instances: int = 1,
+    vllm_backend: Path | None = None,
+) -> Iterator[tuple[dict[str, str], dict[str, str], int | None]]:
     """Start what ``kind`` needs (Triton, vLLM's server, nothing for direct); yield each target's address, its
     metrics page (Prometheus text; the direct engine's is its load worker's, see `load_workers`) and the serving
     process's pid (None for direct, whose engine runs in the load worker, and for a Triton on another machine)."""
     if kind == "triton":
-        with serving_triton(triton, settings, run_dir, progress, triton_instances) as handle:
+        with serving_triton(triton, settings, run_dir, progress, triton_instances, vllm_backend) as handle:
             addresses = {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}
             yield addresses, dict.fromkeys(addresses, handle.metrics_url), local_triton_pid(handle)
     elif kind == "vllm-openai":
@@ -1475,15 +1476,34 @@ def load_workers(target: str, plan: Plan, settings: dict, run_dir: Path) -> Iter
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def group_targets(targets: Sequence[str]) -> dict[str, list[str]]:
-    """Targets by what serves them, in the order given: triton-grpc and triton-http share one server."""
+def group_targets(targets: Sequence[str], triton_backends: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Targets by what serves them, in the order given: triton-grpc and triton-http share one server. With
+    ``triton_backends`` (names), each backend gets a Triton of its own, the group ``triton@NAME``, whose targets
+    are labelled ``target@NAME`` in the results."""
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
         raise ValueError(f"unknown target(s) {unknown}; choose from {', '.join(TARGETS)}")
     groups: dict[str, list[str]] = {}
     for target in dict.fromkeys(targets):
-        groups.setdefault(SERVING[target], []).append(target)
+        if SERVING[target] == "triton" and triton_backends:
+            for name in triton_backends:
+                groups.setdefault(f"triton@{name}", []).append(target)
+        else:
+            groups.setdefault(SERVING[target], []).append(target)
     return groups
+
+
+def checked_backends(triton_backends: Mapping[str, str | Path] | None) -> dict[str, Path]:
+    """``triton_backends`` (name -> a folder like backend/vllm) resolved, or a ValueError naming what is wrong."""
+    backends = {}
+    for name, folder in (triton_backends or {}).items():
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"backend name {name!r}: use letters, digits, '.', '_' and '-' (it labels the results)")
+        path = Path(folder).resolve()
+        if not (path / "model.py").is_file():
+            raise ValueError(f"backend '{name}': {path} has no model.py (give a folder like backend/vllm)")
+        backends[name] = path
+    return backends
 
 
 def run_benchmark(
@@ -1502,6 +1522,7 @@ def run_benchmark(
     engine_overrides: dict | None = None,
     triton: ServerHandle | None = None,
     triton_instances: int = 1,
+    triton_backends: Mapping[str, str | Path] | None = None,
     out_dir: str | Path | None = None,
     seed: int = 0,
     progress: bool = True,
@@ -1516,9 +1537,12 @@ def run_benchmark(
     (one after another) before the first level and stopped after the last (`sweep_side_by_side`).
     When this process started the Triton being measured, its model.json is what the others run too.
     ``triton_instances`` > 1 starts that Triton with as many instances of the model, each an engine and a
-    Python process of its own (the other targets keep one engine).
+    Python process of its own (the other targets keep one engine). ``triton_backends`` (name -> a folder like
+    backend/vllm) starts one Triton per backend and measures the Triton targets on each, labelled
+    ``target@name``: two designs of the backend side by side, level by level, in one run.
     """
-    groups = group_targets(targets)
+    backends = checked_backends(triton_backends)
+    groups = group_targets(targets, tuple(backends))
     levels = tuple(Level(concurrency=int(c)) for c in concurrency) + tuple(Level(request_rate=float(r)) for r in request_rate)
     if not levels:
         raise ValueError("give at least one concurrency or request rate")
@@ -1533,6 +1557,11 @@ def run_benchmark(
                 f"triton_instances={triton_instances} needs a Triton started by the benchmark, but a running one is "
                 "measured (the triton argument or TUTORIAL_TRITON): stop it or leave triton_instances at 1"
             )
+    elif backends and (triton is not None or not any(name.startswith("triton@") for name in groups)):
+        raise ValueError(
+            "triton_backends starts a Triton per backend for the Triton targets: give one of them "
+            "(triton-grpc, triton-http) and no running Triton (the triton argument)"
+        )
     out = Path(out_dir or paths.runs_dir() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     settings = (triton_engine_settings(triton) if triton else None) or engine_settings(model, engine_overrides)
@@ -1541,7 +1570,7 @@ def run_benchmark(
         "request_rate": [float(r) for r in request_rate], "max_tokens": max_tokens,
         "prompt_tokens": prompt_tokens, "requests": requests, "duration_s": duration_s, "repeats": repeats,
         "warmup": warmup, "workers": workers, "seed": seed, "triton_reused": triton is not None,
-        "triton_instances": triton_instances,
+        "triton_instances": triton_instances, "triton_backends": {name: str(path) for name, path in backends.items()},
     }  # fmt: skip
     environment = environment_info(settings, options)
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
@@ -1550,18 +1579,21 @@ def run_benchmark(
     total = sum(len(g) for g in groups.values()) * len(levels) * repeats
     with contextlib.ExitStack() as running, tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
         runs = []
-        for kind, group in groups.items():  # one after another: an engine starting measures the GPU's free memory
+        for group_name, group in groups.items():  # one after another: an engine starting measures the GPU's free memory
+            kind, _, backend = group_name.partition("@")
+            run_dir = out / group_name.replace("@", "-")
             started = time.monotonic()
             addresses, metrics, server_pid = running.enter_context(
-                serving(kind, settings, out / kind, triton, progress, triton_instances)
+                serving(kind, settings, run_dir, triton, progress, triton_instances, backends.get(backend))
             )
-            startup_s[kind] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
+            startup_s[group_name] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
             for target in group:
-                pool = running.enter_context(load_workers(target, plan, settings, out / kind))
+                pool = running.enter_context(load_workers(target, plan, settings, run_dir))
                 if target == "direct":  # its engine starts inside the worker
-                    startup_s[kind] = round(time.monotonic() - started, 1)
+                    startup_s[group_name] = round(time.monotonic() - started, 1)
+                label = f"{target}@{backend}" if backend else target
                 run = TargetRun(Endpoint(target, addresses[target]), pool, PromptCounter(book), server_pid,
-                                metrics.get(target) or pool.metrics_url)  # fmt: skip
+                                metrics.get(target) or pool.metrics_url, label)  # fmt: skip
                 warm_up(run, plan)
                 runs.append(run)
         records = sweep_side_by_side(runs, plan, levels_bar)
@@ -1582,6 +1614,13 @@ def run_benchmark(
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
+def _name_to_path(text: str) -> dict[str, Path]:
+    pairs = [item.partition("=") for item in text.split(",") if item.strip()]
+    if not pairs or any(not name or not sep or not folder for name, sep, folder in pairs):
+        raise argparse.ArgumentTypeError(f"expected NAME=DIR pairs separated by commas, got {text!r}")
+    return {name.strip(): Path(folder.strip()) for name, _, folder in pairs}
+
+
 def _list_of(kind: type) -> Callable[[str], list]:
     def parse(text: str) -> list:
         try:
@@ -1612,6 +1651,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='AsyncEngineArgs on top of model.json for every target, as JSON, e.g. \'{"max_num_seqs": 256}\'')
     parser.add_argument("--triton-instances", type=int, default=1,
                         help="instances of the model in the Triton started here, each an engine of its own")
+    parser.add_argument("--triton-backends", type=_name_to_path, default=None, metavar="NAME=DIR,...",
+                        help="one Triton per backend folder (like backend/vllm), each measured; results labelled target@NAME")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="write the CSVs and environment.json only")
@@ -1623,8 +1664,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_benchmark(
         args.targets, args.concurrency, args.request_rate, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
         requests=args.requests, duration_s=args.duration, repeats=args.repeats, warmup=args.warmup, workers=args.workers,
-        model=args.model, engine_overrides=args.engine_overrides, triton_instances=args.triton_instances, out_dir=args.out,
-        seed=args.seed, plots=not args.no_plots,
+        model=args.model, engine_overrides=args.engine_overrides, triton_instances=args.triton_instances,
+        triton_backends=args.triton_backends, out_dir=args.out, seed=args.seed, plots=not args.no_plots,
     )  # fmt: skip
     shown = SUMMARY_COLUMNS + ["tokens_per_response"]  # a stream held back shows here, not in requests/s
     with pd.option_context("display.width", 220, "display.max_columns", len(shown)):

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +33,7 @@ from utils import paths
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 FIRST_PICKED_PORT = 20000  # free_port picks from here up to the kernel's ephemeral range
+SOCKET_PATH_BYTES = 107  # a Unix socket path (sockaddr_un.sun_path), as ZMQ checks it
 _picked_ports: set[int] = set()
 # log lines after which the server will never become ready: fail at once instead of at the timeout
 FATAL_LOG_MARKERS = (
@@ -106,6 +108,17 @@ def engine_environment(tmp_dir: Path) -> dict[str, str]:
     }
 
 
+def socket_dir(preferred: Path) -> Path:
+    """``preferred`` (made) when vLLM's IPC sockets fit under it, else a new short folder in the system's temporary
+    directory: a socket's path holds 107 bytes, vLLM names each socket with a 36-character UUID, and a deep run
+    folder (pytest's, a benchmark's ``--out``) would stop the engine at its start with ZMQ's "ipc path ... is
+    longer than 107 characters"."""
+    if len(os.fsencode(preferred)) + 1 + 36 <= SOCKET_PATH_BYTES:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="tvt-"))
+
+
 def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something accepts TCP connections on host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -155,11 +168,12 @@ def python_runtime(python: str | Path) -> dict[str, str]:
     return json.loads(out)
 
 
-def assemble_backends(dest: Path, python_version: str) -> Path:
+def assemble_backends(dest: Path, python_version: str, vllm_backend: Path | None = None) -> Path:
     """Build the ``--backend-directory``: the Python backend with the stub for this Python, plus ``vllm``.
 
     The wheel ships one stub per Python version; Triton starts ``backends/python/triton_python_backend_stub``,
-    so the matching one is copied there. ``backend: "vllm"`` then runs ``backends/vllm/model.py``.
+    so the matching one is copied there. ``backend: "vllm"`` then runs ``backends/vllm/model.py``, copied from
+    ``vllm_backend`` (default `paths.backend_source`): two versions of the backend can serve side by side.
     """
     root = tritonserver_root()
     stub = root / "python_backend_stubs" / python_version / "triton_python_backend_stub"
@@ -173,7 +187,8 @@ def assemble_backends(dest: Path, python_version: str) -> Path:
     shutil.copy2(stub, python_dir / stub.name)
     for binary in (python_dir / stub.name, root / "bin" / "tritonserver"):
         binary.chmod(0o755)
-    shutil.copytree(paths.backend_source(), dest / "vllm", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    source = vllm_backend or paths.backend_source()
+    shutil.copytree(source, dest / "vllm", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -213,6 +228,7 @@ class TritonServer:
         explicit_model_control: bool = True,
         log_verbose: int = 0,
         extra_env: dict[str, str] | None = None,
+        vllm_backend: str | Path | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -225,8 +241,10 @@ class TritonServer:
         self.explicit_model_control = explicit_model_control
         self.log_verbose = log_verbose
         self.extra_env = dict(extra_env or {})
+        self.vllm_backend = Path(vllm_backend).resolve() if vllm_backend is not None else None
         self.shm_prefix = f"tvt{os.getpid()}x{next(_instance_counter)}_"
         self.process: subprocess.Popen | None = None
+        self._sockets: Path | None = None  # vLLM's temporary files and IPC sockets (`socket_dir`)
         self._log_handle = None
         self._log_offset = 0
 
@@ -283,9 +301,8 @@ class TritonServer:
         bundled_libs = tritonserver_root().parents[1] / "nvidia_pytriton.libs"
         library_path = [runtime["libdir"], str(bundled_libs), env.get("LD_LIBRARY_PATH", "")]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in library_path if p)
-        tmp = self.run_dir / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        env.update(engine_environment(tmp), TUTORIAL_PROJECT_ROOT=str(paths.PROJECT_ROOT))
+        self._sockets = socket_dir(self.run_dir / "tmp")
+        env.update(engine_environment(self._sockets), TUTORIAL_PROJECT_ROOT=str(paths.PROJECT_ROOT))
         env.update(self.extra_env)
         return env
 
@@ -305,7 +322,7 @@ class TritonServer:
         self._refuse_busy_ports()
         version = python_runtime(self.python)["version"]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        assemble_backends(self.run_dir / "backends", version)
+        assemble_backends(self.run_dir / "backends", version, self.vllm_backend)
         workdir = self.run_dir / "work"  # the stub puts its cwd on sys.path: no folder named `triton` here
         workdir.mkdir(exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -393,6 +410,8 @@ class TritonServer:
         code = self.process.wait()
         self._close_log()
         remove_shm_regions(self.shm_prefix)
+        if self._sockets is not None and not self._sockets.is_relative_to(self.run_dir):  # a short folder of /tmp
+            shutil.rmtree(self._sockets, ignore_errors=True)
         return code
 
     def _close_log(self) -> None:
