@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU session, one phase per call of the device tool (each call <10 min; results land in $OUT).
 # Prerequisite: the gpu-kit parts copied to /tmp/gpu-parts (../shared/gpu-kit/README.md), built with
-# EXTRA_PINS="uvloop==0.23.0 papermill==2.7.0 entrypoints==0.4.2 tenacity==9.2.1" (vLLM's server runs on
-# uvloop; the notebook-structure tests and `make tutorial` import papermill; the kit has none of them).
+# EXTRA_PINS="uvloop==0.23.0 papermill==2.7.0 entrypoints==0.4.2 tenacity==9.2.1 py-spy==0.4.3" (vLLM's server runs
+# on uvloop; the notebook-structure tests and `make tutorial` import papermill; `profile` samples with py-spy; the kit
+# has none of them).
 #   setup      build /tmp/gpu-env from the kit, print versions and the GPU, `make setup` (bytecode), time vLLM's import, convert the model
 #   bench      the benchmark of record: four targets in one run, all up at once, each level on the four back to back (HTTP first,
 #              then the order rotated at the second repeat), concurrency 1/16/64/256, 128 tokens,
