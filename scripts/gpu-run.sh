@@ -36,8 +36,9 @@
 #              vLLM's API server, the direct engine's load worker), per thread: profile-TARGET-cLEVEL-ROLE-PID.txt (py-spy raw)
 #              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py);
 #              profile-pyspy.log: py-spy's own messages and whether it may read processes that are not its descendants
-#              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology and,
-#              twice a second, the logical CPU each profiled process ran on
+#              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology;
+#              profile-placement-TARGET-cLEVEL.txt: scripts/cpu-placement.py, twice a second, the busy threads of those
+#              processes, Triton's and the load generator's, the CPUs they ran on, how often two shared a physical core
 #   frontend   scripts/frontend-bench.py on this machine's CPU and vLLM (no engine, about a minute): the event loop's time per
 #              engine step with vLLM's defaults, without its Prometheus logger, and paced (frontend.txt)
 set -uo pipefail
@@ -201,10 +202,15 @@ PY
           $spy record --pid "$pid" --duration "$seconds" --rate "$rate" --nonblocking --threads --format raw -o "$name" >> "$diag" 2>&1 &
           files+=("$name")
         done
-        for _ in $(seq $(( seconds * 2 ))); do  # where the processes ran: two on one physical core slow each other
-          echo "$target c=$level $(date +%s.%N | cut -c1-14) $(ps -o pid=,psr=,comm= -p "$(echo $pids | tr " " ,)" | tr -s ' \n' ' ')"
-          sleep 0.5
-        done >> "$OUT/profile-cpus.txt"
+        # where the busy threads ran: two on one physical core (SMT siblings) slow each other
+        placed="frontend=$frontend" seen=" $frontend "
+        for pid in $(pgrep -x tritonserver) $pids $bench $(pgrep -P "$bench"); do  # Triton, the engine, the load generator
+          case $seen in *" $pid "*) continue ;; esac
+          seen+="$pid "
+          role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*\|tritonserver' | head -1 | sed 's/^VLLM:://')
+          placed+=" ${role:-load}-$pid=$pid"
+        done
+        $PY scripts/cpu-placement.py "$seconds" 0.5 $placed > "$OUT/profile-placement-$target-c$level.txt" 2>&1 &
       done
       wait $bench
       $PY -c "import pandas as pd; s = pd.read_csv('$TUTORIAL_HOME/profile-$target/summary.csv'); print(s[['target', 'concurrency', \
