@@ -165,7 +165,8 @@ PY
     ;;
   profile)
     rate=${PROFILE_RATE:-100} seconds=${PROFILE_S:-10} levels=${PROFILE_LEVELS:-64 256} files=()
-    spy=$(command -v py-spy || echo "$(dirname "$PY")/py-spy")
+    site=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    spy=$(command -v py-spy || ls "$(dirname "$PY")/py-spy" "$site/bin/py-spy" 2>/dev/null | head -1)  # the kit installs with --target
     diag="$OUT/profile-pyspy.log"  # why py-spy could not look, if it could not (the run of 2026-12-04 19:30 got nothing)
     { echo "py-spy: $spy ($($spy --version 2>&1))"; echo "ptrace_scope: $(cat /proc/sys/kernel/yama/ptrace_scope 2>&1)"
       grep CapEff /proc/self/status; } > "$diag"
@@ -174,7 +175,6 @@ PY
       sleep 1; $spy dump --pid $pid --nonblocking >> "$diag" 2>&1; local rc=$?
       kill $pid; return $rc
     }
-    site=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     if ! can_attach; then
       # Yama's ptrace_scope 1 lets a process read only its descendants, unless the process names a reader: every Python
       # started from here on (the stub, vLLM's processes) says "anyone" (PR_SET_PTRACER_ANY), for this phase only
