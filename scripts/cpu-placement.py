@@ -7,7 +7,10 @@ slows every request. Two busy threads on the two logical CPUs of one physical co
 markedly slower than alone. This samples every thread of the named processes (the engine core, the frontend that
 feeds it, Triton) from /proc each interval: its CPU time since the last sample and the logical CPU it last ran on,
 then prints, per busy thread, its share of a core and the CPUs it used, and, per pair of busy threads, the share of
-the intervals both were busy on one physical core (siblings) or on one logical CPU (taking turns).
+the intervals both were busy on one physical core (siblings) or on one logical CPU (taking turns); and per busy
+thread, from the kernel's own counters over the whole window, how often it moved to another CPU (migrations/s), was
+taken off its CPU while it could still run (involuntary switches/s: preempted) and gave its CPU up (voluntary
+switches/s: it waited on a lock, the GIL, I/O).
 """
 
 from __future__ import annotations
@@ -32,8 +35,25 @@ def physical_core(cpu: int) -> tuple[int, int]:
         return 0, cpu  # no topology: every CPU a core of its own
 
 
-def thread_samples(pid: int) -> dict[int, tuple[str, float, int]]:
-    """Each thread of ``pid``: (name, CPU seconds so far, logical CPU it last ran on)."""
+COUNTERS = ("se.nr_migrations", "nr_involuntary_switches", "nr_voluntary_switches")
+
+
+def scheduler_counters(task: Path) -> tuple[int, ...] | None:
+    """The thread's migrations, involuntary and voluntary context switches so far (/proc/.../sched); None where
+    the kernel does not publish them."""
+    try:
+        lines = (task / "sched").read_text().splitlines()
+    except OSError:
+        return None
+    values = dict(line.replace(" ", "").split(":", 1) for line in lines if ":" in line)
+    try:
+        return tuple(int(float(values[name])) for name in COUNTERS)
+    except (KeyError, ValueError):
+        return None
+
+
+def thread_samples(pid: int) -> dict[int, tuple[str, float, int, tuple[int, ...] | None]]:
+    """Each thread of ``pid``: (name, CPU seconds so far, logical CPU it last ran on, ``scheduler_counters``)."""
     samples = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
@@ -43,15 +63,28 @@ def thread_samples(pid: int) -> dict[int, tuple[str, float, int]]:
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3 of proc(5), the state
         cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        samples[int(task.name)] = (name, cpu_s, int(fields[36]))
+        samples[int(task.name)] = (name, cpu_s, int(fields[36]), scheduler_counters(task))
     return samples
 
 
-def sample(processes: dict[str, int], seconds: float, interval: float) -> list[dict[tuple[str, int, str], tuple[float, int]]]:
-    """Per interval: {(label, tid, name): (share of a core, logical CPU)} for every thread that ran in it."""
-    previous = {label: thread_samples(pid) for label, pid in processes.items()}
+def counter_rates(first: dict, last: dict, seconds: float) -> dict[tuple[str, int, str], tuple[float, ...]]:
+    """Per thread seen at both ends of the window: its ``COUNTERS`` per second."""
+    rates = {}
+    for label, threads in last.items():
+        for tid, (name, _, _, counters) in threads.items():
+            before = first[label].get(tid)
+            if counters is not None and before is not None and before[3] is not None:
+                rates[(label, tid, name)] = tuple((b - a) / seconds for a, b in zip(before[3], counters))
+    return rates
+
+
+def sample(processes: dict[str, int], seconds: float, interval: float) -> tuple[list[dict], dict]:
+    """Per interval: {(label, tid, name): (share of a core, logical CPU)} for every thread that ran in it; and
+    ``counter_rates`` over the whole window."""
+    first = previous = {label: thread_samples(pid) for label, pid in processes.items()}
+    window_started = time.monotonic()
     intervals = []
-    deadline = time.monotonic() + seconds
+    deadline = window_started + seconds
     while time.monotonic() < deadline:
         started = time.monotonic()
         time.sleep(interval)
@@ -59,18 +92,19 @@ def sample(processes: dict[str, int], seconds: float, interval: float) -> list[d
         current = {label: thread_samples(pid) for label, pid in processes.items()}
         step = {}
         for label, threads in current.items():
-            for tid, (name, cpu_s, cpu) in threads.items():
+            for tid, (name, cpu_s, cpu, _) in threads.items():
                 before = previous[label].get(tid)
                 used = cpu_s - before[1] if before else 0.0
                 if used > 0:
                     step[(label, tid, name)] = (used / elapsed, cpu)
         intervals.append(step)
         previous = current
-    return intervals
+    return intervals, counter_rates(first, previous, time.monotonic() - window_started)
 
 
-def report(intervals: list[dict]) -> str:
-    """Busy threads with their CPUs, then how often each pair of them shared a physical core or a logical CPU."""
+def report(intervals: list[dict], rates: dict) -> str:
+    """Busy threads with their CPUs and scheduler counters, then how often each pair of them shared a physical core
+    or a logical CPU."""
     if not intervals:
         return "no samples"
     share = collections.Counter()
@@ -84,7 +118,9 @@ def report(intervals: list[dict]) -> str:
     for thread in busy:
         seen = sum(cpus[thread].values())
         where = ", ".join(f"{cpu}: {n / seen:.0%}" for cpu, n in cpus[thread].most_common(4))
-        lines.append(f"  {thread[0]} {thread[2]} (tid {thread[1]}): {share[thread]:.2f}  [{where}]")
+        counted = rates.get(thread)
+        per_s = " ".join(f"{rate:.0f}" for rate in counted) if counted else "not published"
+        lines.append(f"  {thread[0]} {thread[2]} (tid {thread[1]}): {share[thread]:.2f}  [{where}]  migrations, involuntary, voluntary switches/s: {per_s}")
     lines.append(f"pairs of busy threads (both >= {BUSY} of a core in an interval): share of all intervals on SMT siblings / on one CPU")
     for a, b in itertools.combinations(busy, 2):
         siblings = same = 0
@@ -106,7 +142,7 @@ def main(argv: list[str]) -> None:
             sys.exit(f"expected LABEL=PID, got {arg!r}")
         processes[label] = int(pid)
     print("processes:", " ".join(f"{label}={pid}" for label, pid in processes.items()))
-    print(report(sample(processes, seconds, interval)))
+    print(report(*sample(processes, seconds, interval)))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,13 @@
 #              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology;
 #              profile-placement-TARGET-cLEVEL.txt: scripts/cpu-placement.py, twice a second, the busy threads of those
 #              processes, Triton's and the load generator's, the CPUs they ran on, how often two shared a physical core
+#   pin        does an engine core held on a CPU of its own serve faster? (`profile` on 2026-12-06 saw Triton's engine core
+#              move from CPU to CPU, the in-process engine's stay on one.) One run, every target of PIN_TARGETS (default
+#              triton-grpc,triton-http,direct) up at once, PIN_LEVELS (64), PIN_DURATION (6) s per run, 5 repeats: 1-2 as the
+#              kernel places the processes, then each engine core held on a CPU of its own and every other process of the run
+#              kept off those CPUs, 4-5 held (3 is the switch); pin.txt: requests/s per target and repeat with each Triton
+#              target's share of the in-process engine's; pin-placement-before/after.txt: scripts/cpu-placement.py (with
+#              the kernel's migration and preemption counts) over 4 s of repeat 1 and of repeat 4
 #   frontend   scripts/frontend-bench.py on this machine's CPU and vLLM (no engine, about a minute): the event loop's time per
 #              engine step with vLLM's defaults, without its Prometheus logger, and paced (frontend.txt)
 set -uo pipefail
@@ -222,10 +229,53 @@ PY
     rm -f "$site/profile_ptracer_any.pth"
     $PY scripts/profile-summary.py "$rate" "$seconds" "${files[@]}" >> "$OUT/profile-summary.txt"
     ;;
+  pin)
+    log="$OUT/pin.log" run_dir="$TUTORIAL_HOME/pin"
+    $PY -m utils.bench --targets "${PIN_TARGETS:-triton-grpc,triton-http,direct}" --concurrency "${PIN_LEVELS:-64}" --max-tokens 128 \
+      --prompt-tokens 100 --duration "${PIN_DURATION:-6}" --repeats 5 --no-plots --out "$run_dir" > "$log" 2>&1 &
+    bench=$!
+    descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
+    reached() { until grep -q "#$1:" "$log" 2>/dev/null || ! kill -0 $bench 2>/dev/null; do sleep 0.5; done; }
+    placement() {  # every process of the run: the load generator, Triton, the stubs, the engine cores
+      local placed="" pid role
+      for pid in $bench $(descendants $bench); do
+        role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*\|tritonserver\|triton_python_backend_stub' | head -1 | sed 's/^VLLM:://')
+        placed+=" ${role:-python}-$pid=$pid"
+      done
+      $PY scripts/cpu-placement.py 4 0.5 $placed > "$OUT/pin-placement-$1.txt" 2>&1
+    }
+    reached 1; sleep 1; placement before
+    reached 3
+    cores=$(pgrep -f '^VLLM::EngineCore' | tr '\n' ' ') cpu=$(nproc) held=""
+    if [ $(( cpu - $(echo $cores | wc -w) )) -lt 1 ]; then
+      echo "not held: $cpu CPUs for the engine cores $cores and the rest" | tee "$OUT/pin.txt"
+    else
+      for core in $cores; do cpu=$(( cpu - 1 )); taskset -a -p -c $cpu "$core" > /dev/null; held+="$cpu "; done
+      for pid in $bench $(descendants $bench); do
+        case " $cores " in *" $pid "*) continue ;; esac
+        taskset -a -p -c "0-$(( cpu - 1 ))" "$pid" > /dev/null 2>&1
+      done
+      echo "from repeat 3: engine cores $cores held on CPUs $held; the rest of the run on CPUs 0-$(( cpu - 1 ))" | tee "$OUT/pin.txt"
+    fi
+    reached 4; sleep 1; placement after
+    wait $bench
+    $PY - "$run_dir/requests.csv" <<'PY' | tee -a "$OUT/pin.txt"
+import sys
+import pandas as pd
+from utils.bench import read_records, repeat_throughput
+records = read_records(sys.argv[1])
+rows = [{"target": target, "concurrency": level, "repeat": repeat + 1, **repeat_throughput(group)}
+        for (target, level, repeat), group in records.groupby(["target", "concurrency", "repeat"])]
+table = pd.DataFrame(rows).pivot_table(index=["concurrency", "repeat"], columns="target", values="requests_per_s")
+for target in [t for t in table.columns if t != "direct" and "direct" in table.columns]:
+    table[f"{target} / direct"] = table[target] / table["direct"]
+print(table.round(3).to_string())
+PY
+    ;;
   frontend)
     model=$($PY -c "from utils.model import prepare_default_model; print(prepare_default_model(progress=False))")
     $PY scripts/frontend-bench.py "$model" 64 256 2>&1 | grep "streams," | tee "$OUT/frontend.txt"
     ;;
   *)
-    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart|profile|frontend" >&2; exit 2 ;;
+    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart|profile|pin|frontend" >&2; exit 2 ;;
 esac
