@@ -8,9 +8,9 @@ markedly slower than alone. This samples every thread of the named processes (th
 feeds it, Triton) from /proc each interval: its CPU time since the last sample and the logical CPU it last ran on,
 then prints, per busy thread, its share of a core and the CPUs it used, and, per pair of busy threads, the share of
 the intervals both were busy on one physical core (siblings) or on one logical CPU (taking turns); and per busy
-thread, from the kernel's own counters over the whole window, how often it moved to another CPU (migrations/s), was
-taken off its CPU while it could still run (involuntary switches/s: preempted) and gave its CPU up (voluntary
-switches/s: it waited on a lock, the GIL, I/O).
+thread, from the kernel's own counters over the whole window and per second of the thread's CPU time, how often it
+moved to another CPU (migrations), was taken off its CPU while it could still run (involuntary switches: preempted)
+and gave its CPU up (voluntary switches: it waited on a lock, the GIL, the GPU, I/O).
 """
 
 from __future__ import annotations
@@ -67,14 +67,16 @@ def thread_samples(pid: int) -> dict[int, tuple[str, float, int, tuple[int, ...]
     return samples
 
 
-def counter_rates(first: dict, last: dict, seconds: float) -> dict[tuple[str, int, str], tuple[float, ...]]:
-    """Per thread seen at both ends of the window: its ``COUNTERS`` per second."""
+def counter_rates(first: dict, last: dict) -> dict[tuple[str, int, str], tuple[float, ...]]:
+    """Per thread seen at both ends of the window: its ``COUNTERS`` per second of its CPU time, so that threads busy
+    for part of a window (an engine whose target runs a third of it) compare with threads busy all along."""
     rates = {}
     for label, threads in last.items():
-        for tid, (name, _, _, counters) in threads.items():
+        for tid, (name, cpu_s, _, counters) in threads.items():
             before = first[label].get(tid)
-            if counters is not None and before is not None and before[3] is not None:
-                rates[(label, tid, name)] = tuple((b - a) / seconds for a, b in zip(before[3], counters))
+            used = cpu_s - before[1] if before is not None else 0.0
+            if counters is not None and before is not None and before[3] is not None and used > 0:
+                rates[(label, tid, name)] = tuple((b - a) / used for a, b in zip(before[3], counters))
     return rates
 
 
@@ -82,9 +84,8 @@ def sample(processes: dict[str, int], seconds: float, interval: float) -> tuple[
     """Per interval: {(label, tid, name): (share of a core, logical CPU)} for every thread that ran in it; and
     ``counter_rates`` over the whole window."""
     first = previous = {label: thread_samples(pid) for label, pid in processes.items()}
-    window_started = time.monotonic()
     intervals = []
-    deadline = window_started + seconds
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         started = time.monotonic()
         time.sleep(interval)
@@ -99,7 +100,7 @@ def sample(processes: dict[str, int], seconds: float, interval: float) -> tuple[
                     step[(label, tid, name)] = (used / elapsed, cpu)
         intervals.append(step)
         previous = current
-    return intervals, counter_rates(first, previous, time.monotonic() - window_started)
+    return intervals, counter_rates(first, previous)
 
 
 def report(intervals: list[dict], rates: dict) -> str:
@@ -120,7 +121,7 @@ def report(intervals: list[dict], rates: dict) -> str:
         where = ", ".join(f"{cpu}: {n / seen:.0%}" for cpu, n in cpus[thread].most_common(4))
         counted = rates.get(thread)
         per_s = " ".join(f"{rate:.0f}" for rate in counted) if counted else "not published"
-        lines.append(f"  {thread[0]} {thread[2]} (tid {thread[1]}): {share[thread]:.2f}  [{where}]  migrations, involuntary, voluntary switches/s: {per_s}")
+        lines.append(f"  {thread[0]} {thread[2]} (tid {thread[1]}): {share[thread]:.2f}  [{where}]  migrations, involuntary, voluntary switches per CPU second: {per_s}")
     lines.append(f"pairs of busy threads (both >= {BUSY} of a core in an interval): share of all intervals on SMT siblings / on one CPU")
     for a, b in itertools.combinations(busy, 2):
         siblings = same = 0

@@ -45,7 +45,7 @@
 #              kernel places the processes, then each engine core held on a CPU of its own and every other process of the run
 #              kept off those CPUs, 4-5 held (3 is the switch); pin.txt: requests/s per target and repeat with each Triton
 #              target's share of the in-process engine's; pin-placement-before/after.txt: scripts/cpu-placement.py (with
-#              the kernel's migration and preemption counts) over 4 s of repeat 1 and of repeat 4
+#              the kernel's migration and context-switch counts per CPU second) over repeat 1 and over repeat 4
 #   frontend   scripts/frontend-bench.py on this machine's CPU and vLLM (no engine, about a minute): the event loop's time per
 #              engine step with vLLM's defaults, without its Prometheus logger, and paced (frontend.txt)
 set -uo pipefail
@@ -230,8 +230,8 @@ PY
     $PY scripts/profile-summary.py "$rate" "$seconds" "${files[@]}" >> "$OUT/profile-summary.txt"
     ;;
   pin)
-    log="$OUT/pin.log" run_dir="$TUTORIAL_HOME/pin"
-    $PY -m utils.bench --targets "${PIN_TARGETS:-triton-grpc,triton-http,direct}" --concurrency "${PIN_LEVELS:-64}" --max-tokens 128 \
+    log="$OUT/pin.log" run_dir="$TUTORIAL_HOME/pin" targets=${PIN_TARGETS:-triton-grpc,triton-http,direct}
+    $PY -m utils.bench --targets "$targets" --concurrency "${PIN_LEVELS:-64}" --max-tokens 128 \
       --prompt-tokens 100 --duration "${PIN_DURATION:-6}" --repeats 5 --no-plots --out "$run_dir" > "$log" 2>&1 &
     bench=$!
     descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
@@ -242,9 +242,10 @@ PY
         role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*\|tritonserver\|triton_python_backend_stub' | head -1 | sed 's/^VLLM:://')
         placed+=" ${role:-python}-$pid=$pid"
       done
-      $PY scripts/cpu-placement.py 4 0.5 $placed > "$OUT/pin-placement-$1.txt" 2>&1
+      $PY scripts/cpu-placement.py "$window" 0.5 $placed > "$OUT/pin-placement-$1.txt" 2>&1
     }
-    reached 1; sleep 1; placement before
+    window=$(( $(echo "$targets" | tr , ' ' | wc -w) * (${PIN_DURATION:-6} + 2) ))  # about one repeat: every target's run
+    reached 1; placement before
     reached 3
     cores=$(pgrep -f '^VLLM::EngineCore' | tr '\n' ' ') cpu=$(nproc) held=""
     if [ $(( cpu - $(echo $cores | wc -w) )) -lt 1 ]; then
@@ -257,7 +258,7 @@ PY
       done
       echo "from repeat 3: engine cores $cores held on CPUs $held; the rest of the run on CPUs 0-$(( cpu - 1 ))" | tee "$OUT/pin.txt"
     fi
-    reached 4; sleep 1; placement after
+    reached 4; placement after
     wait $bench
     $PY - "$run_dir/requests.csv" <<'PY' | tee -a "$OUT/pin.txt"
 import sys

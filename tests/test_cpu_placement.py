@@ -33,7 +33,7 @@ def test_two_busy_threads_pinned_to_one_cpu_are_reported_sharing_it():
     shares = [float(line.split(": ")[1].split()[0]) for line in busy]
     assert all(0.3 <= share <= 0.7 for share in shares), result.stdout  # taking turns: about half a core each
     for line in busy:  # taking turns means being preempted, never moved (the kernel's counters, where published)
-        counters = line.rsplit("switches/s: ", 1)[1]
+        counters = line.rsplit("switches per CPU second: ", 1)[1]
         if counters != "not published":
             migrations, involuntary, _ = (float(value) for value in counters.split())
             assert migrations == 0 and involuntary > 10, result.stdout
