@@ -34,7 +34,8 @@
 #              each concurrency of PROFILE_LEVELS ("64 256"), PROFILE_S + 16 s per level; for PROFILE_S (10) seconds of each,
 #              py-spy samples the engine's processes (VLLM::*) and the engine core's parent, the frontend (Triton's stub,
 #              vLLM's API server, the direct engine's load worker), per thread: profile-TARGET-cLEVEL-ROLE-PID.txt (py-spy raw)
-#              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py);
+#              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py), the engine
+#              core once more with its idle samples (profile-TARGET-cLEVEL-enginecore-waits-PID.txt: where it waits);
 #              profile-pyspy.log: py-spy's own messages and whether it may read processes that are not its descendants
 #              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology;
 #              profile-placement-TARGET-cLEVEL.txt: scripts/cpu-placement.py, twice a second, the busy threads of those
@@ -65,9 +66,11 @@ without_progress() {  # progress bars redraw in place: in a log file they are th
   grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting"
 }
 
-pack() {  # pack a benchmark folder's results (not its server logs' bulk) into one file under $OUT
+pack() {  # pack a benchmark folder's results into one file under $OUT: at most 8 files of 16 MiB come back from a call,
+  # so not its server logs' bulk nor requests.csv (a 4-target run's was 23 MiB gzipped on 2026-12-06)
   local src=$1 name=$2
-  tar -C "$src" -czf "$OUT/$name.tgz" --exclude='*/tmp' --exclude='*/backends' --exclude='*/model_repository' . 2>/dev/null
+  tar -C "$src" -czf "$OUT/$name.tgz" --exclude='*/tmp' --exclude='*/backends' --exclude='*/model_repository' \
+    --exclude=requests.csv . 2>/dev/null
 }
 
 case "${1:-}" in
@@ -209,6 +212,10 @@ PY
           $spy record --pid "$pid" --duration "$seconds" --rate "$rate" --nonblocking --threads --format raw -o "$name" >> "$diag" 2>&1 &
           files+=("$name")
         done
+        # where the engine core waits, too (idle samples kept): behind Triton it gave its CPU up ~1070 times a second
+        name="$OUT/profile-$target-c$level-enginecore-waits-$core.txt"
+        $spy record --pid "$core" --duration "$seconds" --rate "$rate" --nonblocking --threads --idle --format raw -o "$name" >> "$diag" 2>&1 &
+        files+=("$name")
         # where the busy threads ran: two on one physical core (SMT siblings) slow each other
         placed="frontend=$frontend" seen=" $frontend "
         for pid in $(pgrep -x tritonserver) $pids $bench $(pgrep -P "$bench"); do  # Triton, the engine, the load generator
@@ -228,6 +235,9 @@ PY
     wait
     rm -f "$site/profile_ptracer_any.pth"
     $PY scripts/profile-summary.py "$rate" "$seconds" "${files[@]}" >> "$OUT/profile-summary.txt"
+    # at most 8 files come back from a call: everything but the summary and py-spy's log in one archive
+    (cd "$OUT" && tar -czf profile.tgz --exclude=profile-summary.txt --exclude=profile-pyspy.log profile-* \
+      && find . -maxdepth 1 -name 'profile-*' ! -name profile-summary.txt ! -name profile-pyspy.log -delete)
     ;;
   pin)
     log="$OUT/pin.log" run_dir="$TUTORIAL_HOME/pin" targets=${PIN_TARGETS:-triton-grpc,triton-http,direct}
