@@ -36,7 +36,7 @@
 #              vLLM's API server, the direct engine's load worker), per thread: profile-TARGET-cLEVEL-ROLE-PID.txt (py-spy raw)
 #              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py), the engine
 #              core once more with its idle samples (profile-TARGET-cLEVEL-enginecore-waits-PID.txt: where it waits), and
-#              in the summary the engine core's threads and the settings it inherited (OMP_*, VLLM_*, CUDA_*...) per target;
+#              in the summary the engine core's threads by name, per target;
 #              profile-pyspy.log: py-spy's own messages and whether it may read processes that are not its descendants
 #              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology;
 #              profile-placement-TARGET-cLEVEL.txt: scripts/cpu-placement.py, twice a second, the busy threads of those
@@ -205,10 +205,10 @@ PY
         if [ -z "$core" ]; then echo "$target: no engine core running (see $log)" | tee -a "$OUT/profile-summary.txt"; break; fi
         frontend=$(ps -o ppid= -p "$core" | tr -d ' ')
         echo "$target c=$level: frontend $frontend ($(ps -o args= -p "$frontend" | cut -c1-80))" | tee -a "$OUT/profile-summary.txt"
-        {  # what the engine core inherited from its front-end: its threads (an OpenMP pool wakes on every CPU op) and settings
-          echo "  engine core $core threads: $(cat /proc/$core/task/*/comm | sort | uniq -c | sort -rn | awk '{printf "%s x%s, ", $2, $1}')"
-          echo "  engine core settings: $(tr '\0' '\n' < /proc/$core/environ | grep -E '^(OMP_|MKL_|VLLM_|CUDA_|TORCH|PYTHON)' | sort | tr '\n' ' ')"
-        } | tee -a "$OUT/profile-summary.txt"
+        # the engine core's threads by name (an OpenMP pool, say, would wake on every CPU op); not its environment: once
+        # vLLM renames the process (setproctitle), /proc/PID/environ no longer holds it
+        echo "  engine core $core threads: $(cat /proc/$core/task/*/comm | sort | uniq -c | sort -rn | awk '{printf "%s x%s, ", $2, $1}')" \
+          | tee -a "$OUT/profile-summary.txt"
         pids="$frontend $(pgrep -f '^VLLM::' | tr '\n' ' ')"  # the frontend, the engine core, its workers if any
         for pid in $pids; do
           role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*' | cut -c7- | tr A-Z a-z)
