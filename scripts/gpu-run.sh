@@ -148,9 +148,9 @@ PY
     make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
     timeout "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
       --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
-      --out "$TUTORIAL_HOME/h200" 2>&1 | without_progress | tee "$OUT/bench.log"
-    for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/h200/$f" "$OUT/bench-$f"; done
-    pack "$TUTORIAL_HOME/h200" h200
+      --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
+    for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/bench/$f" "$OUT/bench-$f"; done
+    pack "$TUTORIAL_HOME/bench" bench  # summary, environment, plots: notebooks/results/<gpu>/ takes them
     ;;
   tests)
     t0=$(date +%s)
