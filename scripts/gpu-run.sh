@@ -74,6 +74,16 @@ pack() {  # pack a benchmark folder's results into one file under $OUT: at most 
     --exclude=requests.csv . 2>/dev/null
 }
 
+labelled() {  # LABEL=PID for scripts/cpu-placement.py, each process once: vLLM's by role, Triton, its stubs, other Pythons
+  local pid role seen=" "
+  for pid in "$@"; do
+    case $seen in *" $pid "*) continue ;; esac
+    seen+="$pid "
+    role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*\|tritonserver\|triton_python_backend_stub' | head -1 | sed 's/^VLLM:://')
+    echo "${role:-python}-$pid=$pid"
+  done
+}
+
 case "${1:-}" in
   setup)
     bash /tmp/gpu-parts/device-setup.sh 2>&1 | tail -5
@@ -222,13 +232,7 @@ PY
         $spy record --pid "$core" --duration "$seconds" --rate "$rate" --nonblocking --threads --idle --format raw -o "$name" >> "$diag" 2>&1 &
         files+=("$name")
         # where the busy threads ran: two on one physical core (SMT siblings) slow each other
-        placed="frontend=$frontend" seen=" $frontend "
-        for pid in $(pgrep -x tritonserver) $pids $bench $(pgrep -P "$bench"); do  # Triton, the engine, the load generator
-          case $seen in *" $pid "*) continue ;; esac
-          seen+="$pid "
-          role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*\|tritonserver' | head -1 | sed 's/^VLLM:://')
-          placed+=" ${role:-load}-$pid=$pid"
-        done
+        placed=$(labelled $pids $(pgrep -x tritonserver) $bench $(pgrep -P "$bench"))  # front-end, engine, Triton, load
         $PY scripts/cpu-placement.py "$seconds" 0.5 $placed > "$OUT/profile-placement-$target-c$level.txt" 2>&1 &
       done
       wait $bench
@@ -252,12 +256,7 @@ PY
     descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
     reached() { until grep -q "#$1:" "$log" 2>/dev/null || ! kill -0 $bench 2>/dev/null; do sleep 0.5; done; }
     placement() {  # every process of the run: the load generator, Triton, the stubs, the engine cores
-      local placed="" pid role
-      for pid in $bench $(descendants $bench); do
-        role=$(ps -o args= -p "$pid" | grep -o '^VLLM::[A-Za-z]*\|tritonserver\|triton_python_backend_stub' | head -1 | sed 's/^VLLM:://')
-        placed+=" ${role:-python}-$pid=$pid"
-      done
-      $PY scripts/cpu-placement.py "$window" 0.5 $placed > "$OUT/pin-placement-$1.txt" 2>&1
+      $PY scripts/cpu-placement.py "$window" 0.5 $(labelled $bench $(descendants $bench)) > "$OUT/pin-placement-$1.txt" 2>&1
     }
     window=$(( $(echo "$targets" | tr , ' ' | wc -w) * (${PIN_DURATION:-6} + 2) ))  # about one repeat: every target's run
     reached 1; placement before
