@@ -36,7 +36,8 @@
 #              vLLM's API server, the direct engine's load worker), per thread: profile-TARGET-cLEVEL-ROLE-PID.txt (py-spy raw)
 #              and profile-summary.txt (the levels' figures with CPU columns, then scripts/profile-summary.py), the engine
 #              core once more with its idle samples (profile-TARGET-cLEVEL-enginecore-waits-PID.txt: where it waits), and
-#              in the summary the engine core's threads by name, per target;
+#              in the summary the engine core's threads by name, per target, and per level its busy loop behind each
+#              target side by side in ms per engine step (profile-summary.py --compare: where a step takes longer);
 #              profile-pyspy.log: py-spy's own messages and whether it may read processes that are not its descendants
 #              (if Yama refuses, every Python of the phase names any reader); profile-cpus.txt: the CPU topology;
 #              profile-placement-TARGET-cLEVEL.txt: scripts/cpu-placement.py, twice a second, the busy threads of those
@@ -44,9 +45,9 @@
 #   pin        does an engine core held on a CPU of its own serve faster? (`profile` on 2026-12-06 saw Triton's engine core
 #              move from CPU to CPU, the in-process engine's stay on one.) One run, every target of PIN_TARGETS (default
 #              triton-grpc,triton-http,direct) up at once, PIN_LEVELS (64), PIN_DURATION (6) s per run, 5 repeats: 1-2 as the
-#              kernel places the processes, then each engine core held on a CPU of its own and every other process of the run
-#              kept off those CPUs, 4-5 held (3 is the switch); pin.txt: requests/s per target and repeat with each Triton
-#              target's share of the in-process engine's; pin-placement-before/after.txt: scripts/cpu-placement.py (with
+#              kernel places the processes, then each engine core's busy loop (its main thread) held on a CPU of its own
+#              and every other thread of the run kept off those CPUs, 4-5 held (3 is the switch); pin.txt: requests/s per
+#              target and repeat with each Triton target's share of the in-process engine's; pin-placement-before/after.txt: scripts/cpu-placement.py (with
 #              the kernel's migration and context-switch counts per CPU second) over repeat 1 and over repeat 4
 #   frontend   scripts/frontend-bench.py on this machine's CPU and vLLM (no engine, about a minute): the event loop's time per
 #              engine step with vLLM's defaults, without its Prometheus logger, and paced (frontend.txt)
@@ -186,6 +187,7 @@ PY
     ;;
   profile)
     rate=${PROFILE_RATE:-100} seconds=${PROFILE_S:-10} levels=${PROFILE_LEVELS:-64 256} files=()
+    targets=${PROFILE_TARGETS:-triton-grpc vllm-openai direct}
     site=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     spy=$(command -v py-spy || ls "$(dirname "$PY")/py-spy" "$site/bin/py-spy" 2>/dev/null | head -1)  # the kit installs with --target
     diag="$OUT/profile-pyspy.log"  # why py-spy could not look, if it could not (the run of 2026-12-04 19:30 got nothing)
@@ -203,7 +205,7 @@ PY
       can_attach && echo "attach: allowed once Python processes name any reader" >> "$diag" || echo "attach: refused either way" >> "$diag"
     fi
     lscpu -e=CPU,CORE,SOCKET,NODE > "$OUT/profile-cpus.txt" 2>&1  # which logical CPUs share a physical core
-    for target in ${PROFILE_TARGETS:-triton-grpc vllm-openai direct}; do
+    for target in $targets; do
       log="$OUT/profile-$target.log"
       $PY -m utils.bench --targets "$target" --concurrency "$(echo $levels | tr ' ' ,)" --max-tokens 128 --prompt-tokens 100 \
         --repeats 1 --duration $(( seconds + 16 )) --no-plots --out "$TUTORIAL_HOME/profile-$target" > "$log" 2>&1 &
@@ -244,6 +246,16 @@ PY
     wait
     rm -f "$site/profile_ptracer_any.pth"
     $PY scripts/profile-summary.py "$rate" "$seconds" "${files[@]}" >> "$OUT/profile-summary.txt"
+    for level in $levels; do  # the engine core's busy loop behind each front-end side by side, in ms per engine step
+      specs=()
+      for target in $targets; do
+        file=$(ls "$OUT/profile-$target-c$level-enginecore-"[0-9]*.txt 2>/dev/null | head -1)
+        step=$($PY -c "import pandas as pd; s = pd.read_csv('$TUTORIAL_HOME/profile-$target/summary.csv').set_index('concurrency'); \
+print(s.engine_step_ms[$level])" 2>/dev/null)
+        [ -n "$file" ] && [ -n "$step" ] && specs+=("$target=$file=$step")
+      done
+      [ ${#specs[@]} -gt 1 ] && $PY scripts/profile-summary.py --compare MainThread "${specs[@]}" >> "$OUT/profile-summary.txt"
+    done
     # at most 8 files come back from a call: everything but the summary and py-spy's log in one archive
     (cd "$OUT" && tar -czf profile.tgz --exclude=profile-summary.txt --exclude=profile-pyspy.log profile-* \
       && find . -maxdepth 1 -name 'profile-*' ! -name profile-summary.txt ! -name profile-pyspy.log -delete)
@@ -265,12 +277,16 @@ PY
     if [ $(( cpu - $(echo $cores | wc -w) )) -lt 1 ]; then
       echo "not held: $cpu CPUs for the engine cores $cores and the rest" | tee "$OUT/pin.txt"
     else
-      for core in $cores; do cpu=$(( cpu - 1 )); taskset -a -p -c $cpu "$core" > /dev/null; held+="$cpu "; done
-      for pid in $bench $(descendants $bench); do
-        case " $cores " in *" $pid "*) continue ;; esac
+      for core in $cores; do cpu=$(( cpu - 1 )); held+="$cpu "; done
+      for pid in $bench $(descendants $bench); do  # every thread of the run, the engine cores' other threads too, ...
         taskset -a -p -c "0-$(( cpu - 1 ))" "$pid" > /dev/null 2>&1
       done
-      echo "from repeat 3: engine cores $cores held on CPUs $held; the rest of the run on CPUs 0-$(( cpu - 1 ))" | tee "$OUT/pin.txt"
+      cpu=$(nproc)
+      for core in $cores; do  # ... off the CPUs that hold one engine core's busy loop each (its main thread; held with its
+        # process's 70-odd threads on 2026-12-06, it was preempted 2100 times a second by them and served 5-8 % less)
+        cpu=$(( cpu - 1 )); taskset -p -c $cpu "$core" > /dev/null
+      done
+      echo "from repeat 3: the busy loops of engine cores $cores held on CPUs $held; the rest of the run on CPUs 0-$(( cpu - 1 ))" | tee "$OUT/pin.txt"
     fi
     reached 4; placement after
     wait $bench
