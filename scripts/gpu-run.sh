@@ -273,20 +273,20 @@ print(s.engine_step_ms[$level])" 2>/dev/null)
     window=$(( $(echo "$targets" | tr , ' ' | wc -w) * (${PIN_DURATION:-6} + 2) ))  # about one repeat: every target's run
     reached 1; placement before
     reached 3
-    cores=$(pgrep -f '^VLLM::EngineCore' | tr '\n' ' ') cpu=$(nproc) held=""
-    if [ $(( cpu - $(echo $cores | wc -w) )) -lt 1 ]; then
-      echo "not held: $cpu CPUs for the engine cores $cores and the rest" | tee "$OUT/pin.txt"
+    cores=$(pgrep -f '^VLLM::EngineCore' | tr '\n' ' ') held=""
+    rest=$(( $(nproc) - $(echo $cores | wc -w) ))  # CPUs 0..rest-1 for the rest of the run, one above them per engine core
+    if [ $rest -lt 1 ]; then
+      echo "not held: $(nproc) CPUs for the engine cores $cores and the rest" | tee "$OUT/pin.txt"
     else
-      for core in $cores; do cpu=$(( cpu - 1 )); held+="$cpu "; done
       for pid in $bench $(descendants $bench); do  # every thread of the run, the engine cores' other threads too, ...
-        taskset -a -p -c "0-$(( cpu - 1 ))" "$pid" > /dev/null 2>&1
+        taskset -a -p -c "0-$(( rest - 1 ))" "$pid" > /dev/null 2>&1
       done
-      cpu=$(nproc)
+      cpu=$rest
       for core in $cores; do  # ... off the CPUs that hold one engine core's busy loop each (its main thread; held with its
-        # process's 70-odd threads on 2026-12-06, it was preempted 2100 times a second by them and served 5-8 % less)
-        cpu=$(( cpu - 1 )); taskset -p -c $cpu "$core" > /dev/null
+        # process's 70-odd threads on 2026-12-06, it was preempted 2100 times a second by them and served 2-9 % less)
+        taskset -p -c $cpu "$core" > /dev/null; held+="$cpu "; cpu=$(( cpu + 1 ))
       done
-      echo "from repeat 3: the busy loops of engine cores $cores held on CPUs $held; the rest of the run on CPUs 0-$(( cpu - 1 ))" | tee "$OUT/pin.txt"
+      echo "from repeat 3: the busy loops of engine cores $cores held on CPUs $held; the rest of the run on CPUs 0-$(( rest - 1 ))" | tee "$OUT/pin.txt"
     fi
     reached 4; placement after
     wait $bench
