@@ -49,6 +49,12 @@
 #              and every other thread of the run kept off those CPUs, 4-5 held (3 is the switch); pin.txt: requests/s per
 #              target and repeat with each Triton target's share of the in-process engine's; pin-placement-before/after.txt: scripts/cpu-placement.py (with
 #              the kernel's migration and context-switch counts per CPU second) over repeat 1 and over repeat 4
+#   interfere  does work on other CPUs slow the in-process engine's steps? (`profile` on 2026-12-06, 1 stream: behind Triton,
+#              whose path to the client keeps ~0.45 of a core more busy, the engine core's step took 3 % longer, spread over
+#              every function of it.) One run of `direct` at INTERFERE_LEVEL (1) streams, 6 s per run, 6 repeats: 1-2 alone,
+#              3-4 with INTERFERE_N (2) Python processes spinning on the CPU, 5-6 with as many copying 64 MiB arrays (the
+#              caches and memory); interfere.txt: per repeat requests/s, the engine's ms per step (inference time / steps
+#              per request), the machine's busy cores, and each repeat's requests/s over the mean of 1-2
 #   frontend   scripts/frontend-bench.py on this machine's CPU and vLLM (no engine, about a minute): the event loop's time per
 #              engine step with vLLM's defaults, without its Prometheus logger, and paced (frontend.txt)
 set -uo pipefail
@@ -303,10 +309,43 @@ for target in [t for t in table.columns if t != "direct" and "direct" in table.c
 print(table.round(3).to_string())
 PY
     ;;
+  interfere)
+    log="$OUT/interfere.log" run_dir="$TUTORIAL_HOME/interfere" busy=()
+    $PY -m utils.bench --targets direct --concurrency "${INTERFERE_LEVEL:-1}" --max-tokens 128 --prompt-tokens 100 \
+      --duration 6 --repeats 6 --no-plots --out "$run_dir" > "$log" 2>&1 &
+    bench=$!
+    reached() { until grep -q "#$1:" "$log" 2>/dev/null || ! kill -0 $bench 2>/dev/null; do sleep 0.5; done; }
+    load() {  # INTERFERE_N processes running CODE until stopped
+      local n; for n in $(seq "${INTERFERE_N:-2}"); do $PY -c "$1" & busy+=($!); done
+    }
+    reached 3; load "while True: pass"
+    reached 5; kill "${busy[@]}"; busy=()
+    load "import numpy as np
+a = np.ones(8 << 20); b = np.empty_like(a)  # 64 MiB each: more than a CPU's last-level cache
+while True: np.copyto(b, a)"
+    wait $bench
+    kill "${busy[@]}"
+    $PY - "$run_dir/requests.csv" <<'PY' | tee "$OUT/interfere.txt"
+import sys
+import pandas as pd
+from utils.bench import read_records, repeat_throughput
+records = read_records(sys.argv[1])
+rows = []
+for repeat, group in records.groupby("repeat"):
+    run = group.iloc[0]
+    rows.append({"repeat": repeat + 1, "others": ["none", "none", "spinning", "spinning", "copying", "copying"][repeat],
+                 "requests_per_s": repeat_throughput(group)["requests_per_s"],
+                 "engine_ms_per_step": run["engine_inference_ms"] / run["engine_steps_per_request"],
+                 "cpu_machine": run["cpu_machine"]})
+table = pd.DataFrame(rows)
+table["of_alone"] = table["requests_per_s"] / table["requests_per_s"][table["others"] == "none"].mean()
+print(table.round(3).to_string(index=False))
+PY
+    ;;
   frontend)
     model=$($PY -c "from utils.model import prepare_default_model; print(prepare_default_model(progress=False))")
     $PY scripts/frontend-bench.py "$model" 64 256 2>&1 | grep "streams," | tee "$OUT/frontend.txt"
     ;;
   *)
-    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart|profile|pin|frontend" >&2; exit 2 ;;
+    echo "usage: $0 setup|bench|tests|notebooks|ab|coldstart|profile|pin|interfere|frontend" >&2; exit 2 ;;
 esac
