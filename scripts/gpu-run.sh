@@ -47,8 +47,9 @@
 #              triton-grpc,triton-http,direct) up at once, PIN_LEVELS (64), PIN_DURATION (6) s per run, 5 repeats: 1-2 as the
 #              kernel places the processes, then each engine core's busy loop (its main thread) held on a CPU of its own
 #              and every other thread of the run kept off those CPUs, 4-5 held (3 is the switch); pin.txt: requests/s per
-#              target and repeat with each Triton target's share of the in-process engine's; pin-placement-before/after.txt: scripts/cpu-placement.py (with
-#              the kernel's migration and context-switch counts per CPU second) over repeat 1 and over repeat 4
+#              target and repeat with each Triton target's share of the in-process engine's; pin-placement-before/after.txt:
+#              scripts/cpu-placement.py (with the kernel's migration and context-switch counts per CPU second) over repeat 1
+#              and over repeat 4
 #   interfere  does work on other CPUs slow the in-process engine's steps? (`profile` on 2026-12-06, 1 stream: behind Triton,
 #              whose path to the client keeps ~0.45 of a core more busy, the engine core's step took 3 % longer, spread over
 #              every function of it.) One run of `direct` at INTERFERE_LEVEL (1) streams, 6 s per run, 6 repeats: 1-2 alone,
@@ -79,6 +80,10 @@ pack() {  # pack a benchmark folder's results into one file under $OUT: at most 
   local src=$1 name=$2
   tar -C "$src" -czf "$OUT/$name.tgz" --exclude='*/tmp' --exclude='*/backends' --exclude='*/model_repository' \
     --exclude=requests.csv . 2>/dev/null
+}
+
+reached() {  # until the benchmark writing $log (pid $bench) starts repeat $1 of its level, or has ended
+  until grep -q "#$1:" "$log" 2>/dev/null || ! kill -0 "$bench" 2>/dev/null; do sleep 0.5; done
 }
 
 labelled() {  # LABEL=PID for scripts/cpu-placement.py, each process once: vLLM's by role, Triton, its stubs, other Pythons
@@ -272,7 +277,6 @@ print(s.engine_step_ms[$level])" 2>/dev/null)
       --prompt-tokens 100 --duration "${PIN_DURATION:-6}" --repeats 5 --no-plots --out "$run_dir" > "$log" 2>&1 &
     bench=$!
     descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
-    reached() { until grep -q "#$1:" "$log" 2>/dev/null || ! kill -0 $bench 2>/dev/null; do sleep 0.5; done; }
     placement() {  # every process of the run: the load generator, Triton, the stubs, the engine cores
       $PY scripts/cpu-placement.py "$window" 0.5 $(labelled $bench $(descendants $bench)) > "$OUT/pin-placement-$1.txt" 2>&1
     }
@@ -314,7 +318,6 @@ PY
     $PY -m utils.bench --targets direct --concurrency "${INTERFERE_LEVEL:-1}" --max-tokens 128 --prompt-tokens 100 \
       --duration 6 --repeats 6 --no-plots --out "$run_dir" > "$log" 2>&1 &
     bench=$!
-    reached() { until grep -q "#$1:" "$log" 2>/dev/null || ! kill -0 $bench 2>/dev/null; do sleep 0.5; done; }
     load() {  # INTERFERE_N processes running CODE until stopped
       local n; for n in $(seq "${INTERFERE_N:-2}"); do $PY -c "$1" & busy+=($!); done
     }

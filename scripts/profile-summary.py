@@ -65,7 +65,8 @@ def summarize(path: Path, expected: float) -> None:
 
 def ms_per_step(path: Path, thread_name: str, step_ms: float) -> dict[str, float]:
     """Each function's inclusive share of one thread's samples, in milliseconds of a ``step_ms`` step."""
-    stacks = [stack for thread, stacks in read_samples(path).items() if thread.split(" (")[0] == thread_name for stack in stacks]
+    threads = read_samples(path)
+    stacks = [stack for thread in threads if thread.split(" (")[0] == thread_name for stack in threads[thread]]
     total = sum(n for _, n in stacks)
     if not total:
         return {}
