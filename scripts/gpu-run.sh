@@ -54,8 +54,8 @@
 #              whose path to the client keeps ~0.45 of a core more busy, the engine core's step took 3 % longer, spread over
 #              every function of it.) One run of `direct` at INTERFERE_LEVEL (1) streams, 6 s per run, 6 repeats: 1-2 alone,
 #              3-4 with INTERFERE_N (2) Python processes spinning on the CPU, 5-6 with as many copying 64 MiB arrays (the
-#              caches and memory); interfere.txt: per repeat requests/s, the engine's ms per step (inference time / steps
-#              per request), the machine's busy cores, and each repeat's requests/s over the mean of 1-2
+#              caches and memory); interfere.txt: per repeat requests/s, the engine's ms per step (a request's inference
+#              time over its tokens), the machine's busy cores, and each repeat's requests/s over the mean of 1-2
 #   frontend   scripts/frontend-bench.py on this machine's CPU and vLLM (no engine, about a minute): the event loop's time per
 #              engine step with vLLM's defaults, without its Prometheus logger, and paced (frontend.txt)
 set -uo pipefail
@@ -338,7 +338,8 @@ for repeat, group in records.groupby("repeat"):
     run = group.iloc[0]
     rows.append({"repeat": repeat + 1, "others": ["none", "none", "spinning", "spinning", "copying", "copying"][repeat],
                  "requests_per_s": repeat_throughput(group)["requests_per_s"],
-                 "engine_ms_per_step": run["engine_inference_ms"] / run["engine_steps_per_request"],
+                 # each running request gains a token a step: its time in the engine over its tokens is the step
+                 "engine_ms_per_step": (group["engine_inference_ms"] / group["output_tokens"]).mean(),
                  "cpu_machine": run["cpu_machine"]})
 table = pd.DataFrame(rows)
 table["of_alone"] = table["requests_per_s"] / table["requests_per_s"][table["others"] == "none"].mean()
