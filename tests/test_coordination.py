@@ -53,8 +53,9 @@ def test_a_question_left_waiting_is_no_answer_after_the_wait(thread_failures):
     assert time.perf_counter() - started < 1.0
 
 
-def hold_the_start(on_gpu: bool, lock_dir: str, results) -> None:
+def hold_the_start(on_gpu: bool, lock_dir: str, both_ready, results) -> None:
     lines: list[str] = []
+    both_ready.wait()  # spawned processes take their own time to start: both ask for the start at once
     with coordination.one_engine_start_at_a_time(on_gpu, lines.append, lock_dir=coordination.Path(lock_dir)):
         entered = time.time()
         time.sleep(HOLD_S)
@@ -63,12 +64,15 @@ def hold_the_start(on_gpu: bool, lock_dir: str, results) -> None:
 
 
 def starts_of_two_processes(on_gpu: bool, lock_dir) -> list[tuple[float, float, list[str]]]:
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    processes = [context.Process(target=hold_the_start, args=(on_gpu, str(lock_dir), results)) for _ in range(2)]
+    # spawned, not forked: a fork of this process, whose earlier tests left gRPC's threads running, hung on the GPU
+    # machine (2026-12-06: "Other threads are currently calling into gRPC, skipping fork() handlers")
+    context = multiprocessing.get_context("spawn")
+    results, both_ready = context.Queue(), context.Barrier(2)
+    processes = [context.Process(target=hold_the_start, args=(on_gpu, str(lock_dir), both_ready, results))
+                 for _ in range(2)]
     for process in processes:
         process.start()
-    spans = sorted(results.get(timeout=30) for _ in processes)
+    spans = sorted(results.get(timeout=60) for _ in processes)
     for process in processes:
         process.join(timeout=10)
     return spans
