@@ -72,10 +72,13 @@ def starts_of_two_processes(on_gpu: bool, lock_dir) -> list[tuple[float, float, 
                  for _ in range(2)]
     for process in processes:
         process.start()
-    spans = sorted(results.get(timeout=60) for _ in processes)
-    for process in processes:
-        process.join(timeout=10)
-    return spans
+    try:
+        return sorted(results.get(timeout=60) for _ in processes)
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():  # multiprocessing joins its children at exit: a hung one would hold pytest's
+                process.kill()
 
 
 def test_engines_on_a_gpu_start_one_after_the_other(tmp_path):
