@@ -159,7 +159,7 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/ab*.csv")):
         runs.append(s.assign(target=parts[0], run=parts[2].replace("", "-"), instances=os.path.basename(f)[:-4]))
 table = pd.concat(runs).pivot_table(index=["instances", "target", "concurrency"], columns="run", sort=False,
                                     values=["requests_per_s", "requests_per_s_min", "requests_per_s_max", "ttft_p50_ms",
-                                            "tokens_per_response", "server_execute_ms",
+                                            "tokens_per_response", "arrival_gap_cv", "server_execute_ms",
                                             "engine_running_mean", "engine_step_ms", "engine_ttft_ms", "engine_e2e_ms",
                                             "engine_inference_ms", "engine_prefill_steps_per_request", "engine_tokens_per_step",
                                             "vllm_frontend_ms", "outside_vllm_ms",

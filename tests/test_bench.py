@@ -122,6 +122,31 @@ def test_a_stream_sent_at_once_shows_in_tokens_per_response():
     assert row["tokens_per_response"] == pytest.approx(8.0) and math.isnan(row["itl_p50_ms"])
 
 
+def _sends(starts, mode="closed", concurrency=2, repeat=0):
+    return pd.DataFrame({"start_s": starts, "mode": mode, "concurrency": concurrency, "repeat": repeat})
+
+
+def test_arrival_gap_cv_tells_waves_from_even_sends_and_leaves_out_the_closed_loops_first_sends():
+    even = [0.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # two clients start at once, then one send every 100 ms
+    assert bench.arrival_gap_cv(_sends(even)) == pytest.approx(0.0)
+    waves = [0.0, 0.0, 0.3, 0.3, 0.3, 0.6, 0.6, 0.6]  # three sends together every 300 ms
+    gaps = np.diff(waves[2:])
+    assert bench.arrival_gap_cv(_sends(waves, concurrency=2)) == pytest.approx(gaps.std() / gaps.mean())
+    assert bench.arrival_gap_cv(_sends(waves, concurrency=2)) > 1.0
+    assert bench.arrival_gap_cv(_sends(bench.poisson_arrivals(50.0, 5000, seed=3), mode="open")) == pytest.approx(1.0, rel=0.05)
+    assert math.isnan(bench.arrival_gap_cv(_sends([0.0, 0.0, 0.1])))  # one gap: nothing to measure
+
+
+def test_summary_averages_the_arrival_gap_cv_over_repeats():
+    records = pd.concat([_sends([0.0, 0.0, 0.1, 0.2, 0.3]), _sends([0.0, 0.0, 0.1, 0.1, 0.4], repeat=1)])
+    records = records.assign(target="t", request_rate=float("nan"), workers=1, e2e_ms=100.0, error="",
+                             output_tokens=4, ttft_ms=10.0, chunks=4, chunk_offsets_ms=[[10.0]] * 10,
+                             chunk_tokens=[[4]] * 10)
+    second = np.diff([0.1, 0.1, 0.4])
+    expected = (0.0 + second.std() / second.mean()) / 2
+    assert bench.summarize(records).iloc[0]["arrival_gap_cv"] == pytest.approx(expected)
+
+
 def test_summary_starts_with_exactly_the_agreed_columns():
     summary = bench.summarize(made_up_records())
     assert list(summary.columns[: len(bench.SUMMARY_COLUMNS)]) == bench.SUMMARY_COLUMNS

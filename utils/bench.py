@@ -161,6 +161,22 @@ def tokens_per_response(records: pd.DataFrame) -> float:
     return float(records["output_tokens"].sum()) / responses if responses else float("nan")
 
 
+def arrival_gap_cv(records: pd.DataFrame) -> float:
+    """How bunched one run's requests left their clients: the coefficient of variation (std / mean) of the gaps
+    between consecutive sends; 1 for Poisson arrivals, 0 for evenly spaced ones, above 1 when they leave in waves.
+
+    In a closed loop a client sends as its previous request ends, so this is how together a server's final
+    responses reach the clients, and how together their next requests reach the engine, which takes those that
+    arrive during one step in one prefill. A closed loop's first sends (every client at once) are left out."""
+    starts = np.sort(records["start_s"].to_numpy())
+    if len(records) and records["mode"].iloc[0] == "closed":
+        starts = starts[int(records["concurrency"].iloc[0]) :]
+    gaps = np.diff(starts)
+    if len(gaps) < 2 or gaps.mean() <= 0:
+        return float("nan")
+    return float(gaps.std() / gaps.mean())
+
+
 def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
     """One summary row from every repeat of one level.
 
@@ -169,7 +185,9 @@ def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
     Latency percentiles pool the successful requests of all repeats; ITL pools their per-token samples.
     """
     first = records.iloc[0]
-    runs = pd.DataFrame([repeat_throughput(group) for _, group in records.groupby("repeat", sort=True)])
+    repeats = [group for _, group in records.groupby("repeat", sort=True)]
+    runs = pd.DataFrame([repeat_throughput(group) for group in repeats])
+    gap_cvs = [cv for cv in map(arrival_gap_cv, repeats) if not math.isnan(cv)]
     ok = records[records["error"] == ""]
     ttft = ok["ttft_ms"].to_numpy() / 1000.0
     e2e = ok["e2e_ms"].to_numpy() / 1000.0
@@ -201,6 +219,7 @@ def summarize_level(records: pd.DataFrame) -> dict[str, Any]:
         requests_per_s_min=float(runs["requests_per_s"].min()),
         requests_per_s_max=float(runs["requests_per_s"].max()),
         output_tokens_per_s_std=float(runs["output_tokens_per_s"].std()),
+        arrival_gap_cv=float(np.mean(gap_cvs)) if gap_cvs else float("nan"),
     )
     for column in (*SERVER_COLUMNS, *CPU_COLUMNS, *STEP_COLUMNS):  # Triton's admission time; who used the CPU; steps
         if column in records:
