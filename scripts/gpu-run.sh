@@ -23,7 +23,10 @@
 #              request, where the time went (engine_e2e_ms, vllm_frontend_ms, outside_vllm_ms), and the CPU columns (ab.csv,
 #              ab-requests.csv, ab-table.txt); AB_INSTANCES="1 2" also runs every variant with two instances of the model
 #              (two engines, two Python processes: ab-x2.csv; each engine takes 0.15 of the GPU's memory, so keep variants x
-#              instances at 5 or fewer); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run
+#              instances at 5 or fewer); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run; a second
+#              table gives each round's requests/s, arrival_gap_cv and TTFT p50, and per level the correlation, over the Triton
+#              runs, of arrival_gap_cv with requests/s over the round's Triton mean (on an H100 on 2026-12-06, -0.72 to -0.79 at
+#              256 streams: the rounds where the clients' sends bunched served less)
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -165,6 +168,27 @@ table = pd.concat(runs).pivot_table(index=["instances", "target", "concurrency"]
                                             "vllm_frontend_ms", "outside_vllm_ms",
                                             "cpu_machine", "cpu_frontend", "cpu_engine", "cpu_load_busiest", "cpu_steal"])
 print(table.round(2).to_string())
+PY
+    $PY - "$OUT" <<'PY' | tee -a "$OUT/ab-table.txt"  # per round: how bunched the clients' sends were, and the requests/s
+import glob, sys
+import numpy as np
+import pandas as pd
+from utils.bench import arrival_gap_cv, read_records, repeat_throughput
+for path in sorted(glob.glob(f"{sys.argv[1]}/ab*-requests.csv")):
+    rounds = pd.DataFrame([
+        {"target": target, "concurrency": level, "round": repeat + 1, "requests_per_s": repeat_throughput(run)["requests_per_s"],
+         "arrival_gap_cv": arrival_gap_cv(run), "ttft_p50_ms": run["ttft_ms"].median()}
+        for (target, level, repeat), run in read_records(path).groupby(["target", "concurrency", "repeat"])
+    ])
+    triton = rounds[rounds["target"].str.startswith("triton")].copy()  # over the round's Triton mean: the machine's drift out
+    triton["of_round_mean"] = triton["requests_per_s"] / triton.groupby(["concurrency", "round"])["requests_per_s"].transform("mean")
+    print(f"\n{path}: each round, requests/s over the mean of that round's Triton runs, against arrival_gap_cv")
+    print(rounds.pivot_table(index=["concurrency", "target"], columns="round", values=["requests_per_s", "arrival_gap_cv", "ttft_p50_ms"]).round(2).to_string())
+    for level, runs in triton.groupby("concurrency"):
+        if len(runs) > 2:
+            print(f"{level} streams, {len(runs)} Triton runs: correlation of arrival_gap_cv with requests/s over the round's mean "
+                  f"{np.corrcoef(runs['arrival_gap_cv'], runs['of_round_mean'])[0, 1]:.2f}, with TTFT p50 "
+                  f"{np.corrcoef(runs['arrival_gap_cv'], runs['ttft_p50_ms'])[0, 1]:.2f}")
 PY
     ;;
   bench)
