@@ -26,7 +26,8 @@
 #              instances at 5 or fewer); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run; a second
 #              table gives each round's requests/s, arrival_gap_cv and TTFT p50, and per level the correlation, over the Triton
 #              runs, of arrival_gap_cv with requests/s over the round's Triton mean (on an H100 on 2026-12-06, -0.72 to -0.79 at
-#              256 streams: the rounds where the clients' sends bunched served less)
+#              256 streams: the rounds where the clients' sends bunched served less); AB_LIMIT_S (default 480) bounds each
+#              benchmark: it starts no run within 60 s of the bound and writes the runs measured (SIGTERM at the bound too)
 #   coldstart  time to ready from empty caches (each variant its own TUTORIAL_HOME, the converted model shared) and
 #              Triton gRPC requests/s at 1/64/256, one run per variant on this machine (COLDSTART_VARIANTS, default
 #              "ours v1 v1-fork"; also "fork", and "compiled": vLLM's default, torch.compile + graphs, ~3 min cold):
@@ -143,9 +144,10 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     backends=$(echo ${AB_VARIANTS:-main=backend/vllm $carried} | tr ' ' ,)
     for instances in ${AB_INSTANCES:-1}; do  # every variant's Triton up at once, each level on all of them back to back
       name=ab$([ "$instances" = 1 ] || echo "-x$instances")
-      $PY -m utils.bench --targets "triton-grpc,triton-http${AB_DIRECT:+,direct}" --triton-backends "$backends" \
-        --concurrency "${AB_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${AB_DURATION:-8}" \
-        --repeats "${AB_ROUNDS:-2}" --triton-instances "$instances" --no-plots --out "$TUTORIAL_HOME/$name" 2>&1 \
+      timeout -k 30 "${AB_LIMIT_S:-480}" $PY -m utils.bench --targets "triton-grpc,triton-http${AB_DIRECT:+,direct}" \
+        --triton-backends "$backends" --concurrency "${AB_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 \
+        --duration "${AB_DURATION:-8}" --repeats "${AB_ROUNDS:-2}" --triton-instances "$instances" --no-plots \
+        --time-limit $(( ${AB_LIMIT_S:-480} - 60 )) --out "$TUTORIAL_HOME/$name" 2>&1 \
         | without_progress | tee "$OUT/$name.log"
       grep -o "ready: model=.*" "$TUTORIAL_HOME/$name"/triton-*/server.log | grep -o "^[^:]*\|started in.*" | paste - - | tee -a "$OUT/$name.log"
       cp "$TUTORIAL_HOME/$name/summary.csv" "$OUT/$name.csv"
@@ -193,9 +195,9 @@ PY
     ;;
   bench)
     make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
-    timeout "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
+    timeout -k 30 "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
       --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
-      --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
+      --time-limit $(( ${BENCH_LIMIT_S:-540} - 60 )) --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
     for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/bench/$f" "$OUT/bench-$f"; done
     pack "$TUTORIAL_HOME/bench" bench  # summary, environment, plots: notebooks/results/<gpu>/ takes them
     ;;

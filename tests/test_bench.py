@@ -10,6 +10,9 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import pytest
 
 from utils import bench, paths, plots
 from utils.repository import device_engine_defaults, has_gpu
+from utils.server import http_ready
 
 
 # ---- per-token inter-token latency ---------------------------------------------------------------------------
@@ -554,6 +558,54 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
     # level this short may see what an earlier one (or test) left; found, and a count
     assert (summary["engine_running_mean"] >= 0).all() and (summary["engine_step_ms"] >= 0).all()
     check_engine_time_split(summary, outside_vllm=True)
+
+
+def test_a_time_limit_keeps_the_runs_measured_before_it(triton, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "GAUGE_SAMPLE_S", 0.02)
+    summary = bench.run_benchmark(
+        ["triton-grpc"], [1, 2], max_tokens=8, requests=4, repeats=2, warmup=1, out_dir=tmp_path, progress=False,
+        plots=False, time_limit_s=1e-3,
+    )  # fmt: skip
+    # the limit passed before the sweep began: the first run still ran, the second would have ended past it
+    assert summary.attrs["stopped"].startswith("time limit")
+    assert summary[["target", "concurrency", "requests"]].values.tolist() == [["triton-grpc", 1, 4]]
+    records = bench.read_records(tmp_path / "requests.csv")
+    assert len(records) == 4 and (records["error"] == "").all() and (records["output_tokens"] == 8).all()
+    environment = json.loads((tmp_path / "environment.json").read_text())
+    assert (environment["runs_measured"], environment["runs_planned"]) == (1, 4)
+    assert environment["stopped"] == summary.attrs["stopped"] and environment["benchmark"]["time_limit_s"] == 1e-3
+    with pytest.raises(ValueError, match="time_limit_s must be positive"):
+        bench.run_benchmark(["triton-grpc"], [1], time_limit_s=0, out_dir=tmp_path / "zero")
+
+
+def test_sigterm_ends_the_cli_with_the_runs_measured_and_no_process_left(triton, tmp_path):
+    """What `timeout` does to a benchmark: the runs measured are written, the load workers end, exit 143."""
+    command = [
+        sys.executable, "-m", "utils.bench", "--targets", "triton-grpc", "--concurrency", "1,2,3", "--duration", "4",
+        "--max-tokens", "8", "--warmup", "1", "--no-plots", "--out", str(tmp_path),
+    ]  # fmt: skip
+    cli = subprocess.Popen(command, cwd=paths.PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: cli.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while "1/3" not in "".join(err[-400:]) and cli.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the benchmark's bar counts its first run
+    assert cli.poll() is None, "".join(err)[-3000:]
+    workers = psutil.Process(cli.pid).children(recursive=True)
+    assert workers  # the load generator's processes
+    cli.terminate()
+    out, _ = cli.communicate(timeout=120)
+    reader.join(5)
+    assert cli.returncode == 143, "".join(err)[-3000:]
+    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["concurrency"].tolist() in ([1], [1, 2]), out  # the run under way when the signal came is dropped
+    environment = json.loads((tmp_path / "environment.json").read_text())
+    assert environment["stopped"] == "interrupted" and environment["runs_measured"] == len(summary)
+    assert "stopped early (interrupted)" in out
+    assert bench.read_records(tmp_path / "requests.csv")["error"].eq("").all()
+    assert http_ready(triton.http_url)  # the server measured keeps serving
 
 
 def check_engine_time_split(summary: pd.DataFrame, outside_vllm: bool) -> None:

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -58,6 +59,24 @@ def test_backend_directory_has_the_stub_for_this_python(tmp_path):
     assert (backends / "python" / "triton_python_backend_stub").stat().st_mode & 0o111
     assert (backends / "python" / "libtriton_python.so").exists()
     assert (backends / "vllm" / "model.py").exists()
+
+
+def test_backends_are_assembled_again_while_an_old_stub_still_runs(tmp_path):
+    """A stub left running (its Triton killed) must not stop the next server built in the same folder."""
+    import sys
+
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = srv.assemble_backends(tmp_path, version) / "python" / "triton_python_backend_stub"
+    shutil.copy2(shutil.which("sleep"), stub)  # an executable that stays up, run from the stub's path
+    running = subprocess.Popen([str(stub), "30"])
+    try:
+        srv.assemble_backends(tmp_path, version)  # writing into the busy file raised 'Text file busy'
+        assert running.poll() is None  # the old process runs on, from the file it started with
+        assert stub.read_bytes() == (srv.tritonserver_root() / "python_backend_stubs" / version / stub.name).read_bytes()
+        assert sorted(p.name for p in stub.parent.glob(".*partial")) == []
+    finally:
+        running.kill()
+        running.wait()
 
 
 def test_docker_command_is_the_ngc_one():

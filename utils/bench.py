@@ -37,6 +37,7 @@ import platform
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -1423,21 +1424,48 @@ def rotated(items: Sequence, by: int) -> list:
     return [*items[shift:], *items[:shift]]
 
 
-def sweep_side_by_side(runs: Sequence[TargetRun], plan: Plan, levels_bar: tqdm) -> pd.DataFrame:
+def side_by_side_order(targets: int, plan: Plan) -> Iterator[tuple[int, int, int]]:
+    """(target position, level number, repeat) in the order measured: every level on every target back to back,
+    the targets' order rotated at each repeat."""
+    for number in range(len(plan.levels)):
+        for repeat in range(plan.repeats):
+            for position in rotated(range(targets), repeat):
+                yield position, number, repeat
+
+
+def sweep_side_by_side(
+    runs: Sequence[TargetRun], plan: Plan, levels_bar: tqdm, deadline: float | None = None
+) -> tuple[pd.DataFrame, str]:
     """Every level on every target back to back, the targets' order rotated at each repeat, so a machine that
     speeds up or slows down during the benchmark shifts every target's figures alike, not only those of the
     target measured at the time (one H100 host, 2026-12-06: one backend's two runs eight minutes apart served
     125 and 108 requests/s at 64 gRPC streams, 206 and 159 at 256). ``run_order`` numbers the
-    runs in the order measured. Rows come back by target (in the order given), then level, then repeat."""
+    runs in the order measured. Rows come back by target (in the order given), then level, then repeat.
+
+    The sweep stops early and keeps the runs it measured when interrupted (Ctrl-C, a notebook's stop, SIGTERM
+    through the command line) or when the next run, taking as long as the longest so far, would end past
+    ``deadline`` (``time.monotonic()``; the first run always runs, so a stopped benchmark still has a figure).
+    A GPU session that lost a sweep of 22 measured runs to the machine's time limit, 2026-12-06, is why. The
+    second value says why it stopped ('' when every run was measured); interrupted before any run, it re-raises."""
     readings: dict = {}
     frames: dict[tuple[int, int, int], pd.DataFrame] = {}
-    for number, level in enumerate(plan.levels):
-        for repeat in range(plan.repeats):
-            for position in rotated(range(len(runs)), repeat):
-                frame = measure_level(runs[position], plan, level, number, repeat, readings)
-                frames[(position, number, repeat)] = frame.assign(run_order=len(frames))
-                levels_bar.update(1)
-    return pd.concat([frames[key] for key in sorted(frames)], ignore_index=True)
+    longest_s = 0.0
+    stopped = ""
+    try:
+        for position, number, repeat in side_by_side_order(len(runs), plan):
+            if frames and deadline is not None and time.monotonic() + longest_s > deadline:
+                stopped = f"time limit: the next run (about {longest_s:.0f} s) would have ended past it"
+                break
+            began = time.monotonic()
+            frame = measure_level(runs[position], plan, plan.levels[number], number, repeat, readings)
+            longest_s = max(longest_s, time.monotonic() - began)
+            frames[(position, number, repeat)] = frame.assign(run_order=len(frames))
+            levels_bar.update(1)
+    except KeyboardInterrupt:
+        if not frames:
+            raise
+        stopped = "interrupted"
+    return pd.concat([frames[key] for key in sorted(frames)], ignore_index=True), stopped
 
 
 def local_triton_pid(handle: ServerHandle) -> int | None:
@@ -1546,6 +1574,7 @@ def run_benchmark(
     seed: int = 0,
     progress: bool = True,
     plots: bool = True,
+    time_limit_s: float | None = None,
 ) -> pd.DataFrame:
     """Sweep the targets over the load levels; return the summary and write it, the requests, the
     environment and the plots into ``out_dir`` (default ``runs/bench-<time>``, in ``summary.attrs["out_dir"]``).
@@ -1559,7 +1588,15 @@ def run_benchmark(
     Python process of its own (the other targets keep one engine). ``triton_backends`` (name -> a folder like
     backend/vllm) starts one Triton per backend and measures the Triton targets on each, labelled
     ``target@name``: two designs of the backend side by side, level by level, in one run.
+
+    ``time_limit_s`` (counted from this call, servers' start included) ends the sweep before a run that would
+    end past it; an interrupt (Ctrl-C, a notebook's stop) ends it at once. Either way the runs measured are
+    summarized and written, every server and worker started here is stopped, and ``summary.attrs["stopped"]``
+    and environment.json's ``stopped`` say why ('' when complete).
     """
+    began = time.monotonic()
+    if time_limit_s is not None and time_limit_s <= 0:
+        raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
     backends = checked_backends(triton_backends)
     groups = group_targets(targets, tuple(backends))
     levels = tuple(Level(concurrency=int(c)) for c in concurrency) + tuple(Level(request_rate=float(r)) for r in request_rate)
@@ -1590,6 +1627,7 @@ def run_benchmark(
         "prompt_tokens": prompt_tokens, "requests": requests, "duration_s": duration_s, "repeats": repeats,
         "warmup": warmup, "workers": workers, "seed": seed, "triton_reused": triton is not None,
         "triton_instances": triton_instances, "triton_backends": {name: str(path) for name, path in backends.items()},
+        "time_limit_s": time_limit_s,
     }  # fmt: skip
     environment = environment_info(settings, options)
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
@@ -1615,8 +1653,10 @@ def run_benchmark(
                                 metrics.get(target) or pool.metrics_url, label)  # fmt: skip
                 warm_up(run, plan)
                 runs.append(run)
-        records = sweep_side_by_side(runs, plan, levels_bar)
-    environment["startup_s"] = startup_s
+        deadline = began + time_limit_s if time_limit_s else None
+        records, stopped = sweep_side_by_side(runs, plan, levels_bar, deadline)
+    measured = int(records["run_order"].max()) + 1
+    environment.update(startup_s=startup_s, stopped=stopped, runs_measured=measured, runs_planned=total)
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
     summary = summarize(records)
     summary.to_csv(out / "summary.csv", index=False)
@@ -1628,7 +1668,9 @@ def run_benchmark(
     failed = int((records["error"] != "").sum())
     if failed:
         print(f"warning: {failed} of {len(records)} requests failed; see the 'error' column of {out / 'requests.csv'}")
-    summary.attrs["out_dir"] = str(out)
+    if stopped:
+        print(f"warning: stopped early ({stopped}): {measured} of {total} runs measured, the results hold only those")
+    summary.attrs.update(out_dir=str(out), stopped=stopped)
     return summary
 
 
@@ -1672,24 +1714,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="instances of the model in the Triton started here, each an engine of its own")
     parser.add_argument("--triton-backends", type=_name_to_path, default=None, metavar="NAME=DIR,...",
                         help="one Triton per backend folder (like backend/vllm), each measured; results labelled target@NAME")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="start no run that would end past this many seconds from the start; keep what was measured")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="write the CSVs and environment.json only")
     return parser.parse_args(argv)  # fmt: skip
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (what `timeout`, job schedulers and `kill` send) raised as KeyboardInterrupt, like Ctrl-C, so the
+    sweep keeps the runs it measured and every server and worker started here is stopped on the way out (a
+    benchmark killed by `timeout` left its Tritons' stubs running, and the next one could not start: 2026-12-06).
+    Yields the signals received; a second SIGTERM is ignored, so it cannot cut the clean-up short."""
+    received: list[int] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; exits 128 + the signal's number when interrupted (130 for Ctrl-C, 143 for SIGTERM),
+    after writing the runs measured."""
     args = parse_args(argv)
-    summary = run_benchmark(
-        args.targets, args.concurrency, args.request_rate, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
-        requests=args.requests, duration_s=args.duration, repeats=args.repeats, warmup=args.warmup, workers=args.workers,
-        model=args.model, engine_overrides=args.engine_overrides, triton_instances=args.triton_instances,
-        triton_backends=args.triton_backends, out_dir=args.out, seed=args.seed, plots=not args.no_plots,
-    )  # fmt: skip
+    with sigterm_as_interrupt() as received:
+        try:
+            summary = run_benchmark(
+                args.targets, args.concurrency, args.request_rate, max_tokens=args.max_tokens,
+                prompt_tokens=args.prompt_tokens, requests=args.requests, duration_s=args.duration, repeats=args.repeats,
+                warmup=args.warmup, workers=args.workers, model=args.model, engine_overrides=args.engine_overrides,
+                triton_instances=args.triton_instances, triton_backends=args.triton_backends, out_dir=args.out,
+                seed=args.seed, plots=not args.no_plots, time_limit_s=args.time_limit,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            print("interrupted before any run was measured; servers and workers stopped", file=sys.stderr)
+            return 128 + (received[0] if received else signal.SIGINT)
     shown = SUMMARY_COLUMNS + ["tokens_per_response"]  # a stream held back shows here, not in requests/s
     with pd.option_context("display.width", 220, "display.max_columns", len(shown)):
         print(summary[shown].round(2).to_string(index=False))
     print(f"results in {summary.attrs['out_dir']}")
+    if summary.attrs["stopped"] == "interrupted":
+        return 128 + (received[0] if received else signal.SIGINT)
     return 0
 
 

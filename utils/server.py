@@ -168,6 +168,15 @@ def python_runtime(python: str | Path) -> dict[str, str]:
     return json.loads(out)
 
 
+def replace_file(source: Path, target: Path) -> None:
+    """Copy ``source`` over ``target`` through a file renamed into place: a process still running from the old
+    ``target`` keeps it, where writing into it fails ('Text file busy' from a stub left running by a killed
+    benchmark, 2026-12-06) or changes a loaded library under the process."""
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.copy2(source, partial)
+    os.replace(partial, target)
+
+
 def assemble_backends(dest: Path, python_version: str, vllm_backend: Path | None = None) -> Path:
     """Build the ``--backend-directory``: the Python backend with the stub for this Python, plus ``vllm``.
 
@@ -183,8 +192,8 @@ def assemble_backends(dest: Path, python_version: str, vllm_backend: Path | None
     python_dir.mkdir(parents=True, exist_ok=True)
     for item in (root / "backends" / "python").iterdir():
         if item.is_file():
-            shutil.copy2(item, python_dir / item.name)
-    shutil.copy2(stub, python_dir / stub.name)
+            replace_file(item, python_dir / item.name)
+    replace_file(stub, python_dir / stub.name)
     for binary in (python_dir / stub.name, root / "bin" / "tritonserver"):
         binary.chmod(0o755)
     source = vllm_backend or paths.backend_source()
