@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -578,13 +579,18 @@ def test_a_time_limit_keeps_the_runs_measured_before_it(triton, tmp_path, monkey
         bench.run_benchmark(["triton-grpc"], [1], time_limit_s=0, out_dir=tmp_path / "zero")
 
 
-def test_sigterm_ends_the_cli_with_the_runs_measured_and_no_process_left(triton, tmp_path):
-    """What `timeout` does to a benchmark: the runs measured are written, the load workers end, exit 143."""
+@pytest.mark.parametrize("to_group", [False, True], ids=["SIGTERM to the benchmark", "SIGINT to its process group"])
+def test_a_stopped_cli_writes_the_runs_measured_and_leaves_no_process(triton, tmp_path, to_group):
+    """What `timeout` (SIGTERM to the benchmark) and Ctrl-C in a terminal (SIGINT to the benchmark and its load
+    workers) do: the runs measured are written, the workers end, the exit code is 128 + the signal."""
     command = [
         sys.executable, "-m", "utils.bench", "--targets", "triton-grpc", "--concurrency", "1,2,3", "--duration", "4",
-        "--max-tokens", "8", "--warmup", "1", "--no-plots", "--out", str(tmp_path),
+        "--max-tokens", "8", "--warmup", "1", "--no-plots", "--out", str(tmp_path / "out"),
     ]  # fmt: skip
-    cli = subprocess.Popen(command, cwd=paths.PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path / "stdout.txt", "w") as stdout:
+        cli = subprocess.Popen(
+            command, cwd=paths.PROJECT_ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=to_group
+        )  # fmt: skip
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(iter(lambda: cli.stderr.read(1), "")), daemon=True)
     reader.start()
@@ -594,17 +600,20 @@ def test_sigterm_ends_the_cli_with_the_runs_measured_and_no_process_left(triton,
     assert cli.poll() is None, "".join(err)[-3000:]
     workers = psutil.Process(cli.pid).children(recursive=True)
     assert workers  # the load generator's processes
-    cli.terminate()
-    out, _ = cli.communicate(timeout=120)
+    if to_group:
+        os.killpg(cli.pid, signal.SIGINT)
+    else:
+        cli.terminate()
+    assert cli.wait(timeout=120) == 128 + (signal.SIGINT if to_group else signal.SIGTERM), "".join(err)[-3000:]
     reader.join(5)
-    assert cli.returncode == 143, "".join(err)[-3000:]
     assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    summary = pd.read_csv(tmp_path / "summary.csv")
+    out = (tmp_path / "stdout.txt").read_text()
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert summary["concurrency"].tolist() in ([1], [1, 2]), out  # the run under way when the signal came is dropped
-    environment = json.loads((tmp_path / "environment.json").read_text())
+    environment = json.loads((tmp_path / "out" / "environment.json").read_text())
     assert environment["stopped"] == "interrupted" and environment["runs_measured"] == len(summary)
     assert "stopped early (interrupted)" in out
-    assert bench.read_records(tmp_path / "requests.csv")["error"].eq("").all()
+    assert bench.read_records(tmp_path / "out" / "requests.csv")["error"].eq("").all()
     assert http_ready(triton.http_url)  # the server measured keeps serving
 
 
