@@ -606,6 +606,7 @@ def test_a_stopped_cli_writes_the_runs_measured_and_leaves_no_process(triton, tm
         cli.terminate()
     assert cli.wait(timeout=120) == 128 + (signal.SIGINT if to_group else signal.SIGTERM), "".join(err)[-3000:]
     reader.join(5)
+    assert "Traceback" not in "".join(err), "".join(err)[-3000:]  # a stop, not a crash, in the parent and its workers
     assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     out = (tmp_path / "stdout.txt").read_text()
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")

@@ -641,6 +641,8 @@ def worker_main(worker: int, inbox, outbox, engine_setup: dict | None) -> None:
                 outbox.put(("error", worker, traceback.format_exc()))
     except Exception:  # noqa: BLE001 - the engine did not start: the parent explains and raises
         outbox.put(("error", worker, traceback.format_exc()))
+    except KeyboardInterrupt:  # Ctrl-C or a notebook's stop reached the process group: the parent keeps what was
+        pass  # measured and says so; a traceback per worker would only bury that
     finally:
         if engine is not None:
             engine.shutdown()
