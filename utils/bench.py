@@ -1744,6 +1744,11 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def interrupted_exit_code(received: list[int]) -> int:
+    """128 + the signal that stopped the benchmark, as a shell reports it: SIGTERM's, else Ctrl-C's."""
+    return 128 + (received[0] if received else signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; exits 128 + the signal's number when interrupted (130 for Ctrl-C, 143 for SIGTERM),
     after writing the runs measured."""
@@ -1759,13 +1764,13 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
         except KeyboardInterrupt:
             print("interrupted before any run was measured; servers and workers stopped", file=sys.stderr)
-            return 128 + (received[0] if received else signal.SIGINT)
+            return interrupted_exit_code(received)
     shown = SUMMARY_COLUMNS + ["tokens_per_response"]  # a stream held back shows here, not in requests/s
     with pd.option_context("display.width", 220, "display.max_columns", len(shown)):
         print(summary[shown].round(2).to_string(index=False))
     print(f"results in {summary.attrs['out_dir']}")
     if summary.attrs["stopped"] == "interrupted":
-        return 128 + (received[0] if received else signal.SIGINT)
+        return interrupted_exit_code(received)
     return 0
 
 
