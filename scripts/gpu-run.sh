@@ -6,7 +6,7 @@
 # has none of them).
 #   setup      build /tmp/gpu-env from the kit, print versions and the GPU, `make setup` (bytecode), time vLLM's import, convert the model
 #   bench      the benchmark of record: four targets in one run, all up at once, each level on the four back to back (HTTP first,
-#              then the order rotated at the second repeat), concurrency 1/16/64/256, 128 tokens,
+#              then the order rotated at the second repeat), concurrency 1/16/64/256 (BENCH_LEVELS), 128 tokens,
 #              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it);
 #              `tests PATH...` runs those paths only: on 2026-12-04 a slower H200 ran past 560 s with the whole suite, so
@@ -196,7 +196,7 @@ PY
   bench)
     make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
     timeout -k 30 "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
-      --concurrency 1,16,64,256 --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
+      --concurrency "${BENCH_LEVELS:-1,16,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
       --time-limit $(( ${BENCH_LIMIT_S:-540} - 60 )) --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
     for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/bench/$f" "$OUT/bench-$f"; done
     pack "$TUTORIAL_HOME/bench" bench  # summary, environment, plots: notebooks/results/<gpu>/ takes them

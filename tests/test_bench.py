@@ -169,6 +169,43 @@ def test_requests_csv_round_trip_gives_the_same_summary(tmp_path):
     pd.testing.assert_frame_equal(bench.summarize(again), bench.summarize(records), check_dtype=False)
 
 
+
+# ---- ratios, and the runs of record ------------------------------------------------------------------------------
+def test_relative_to_divides_each_target_by_the_reference_at_its_concurrency():
+    summary = pd.DataFrame({
+        "target": ["a", "ref", "a", "ref", "a", "ref"],
+        "concurrency": [1, 1, 16, 16, None, None],  # the open-loop rows have no concurrency: left out
+        "request_rate": [None, None, None, None, 8.0, 8.0],
+        "requests_per_s": [3.0, 4.0, 50.0, 40.0, 7.0, 1.0],
+        "ttft_p50_ms": [10.0, 5.0, 20.0, 40.0, 1.0, 1.0],
+    })  # fmt: skip
+    ratios = bench.relative_to(summary, "ref")
+    assert list(ratios.columns) == ["a"] and list(ratios.index) == [1, 16]
+    assert ratios["a"].tolist() == pytest.approx([0.75, 1.25])
+    assert bench.relative_to(summary, "ref", "ttft_p50_ms")["a"].tolist() == pytest.approx([2.0, 0.5])
+
+
+def test_relative_to_a_target_not_measured_names_those_that_were():
+    summary = pd.DataFrame({"target": ["a", "b"], "concurrency": [1, 1], "requests_per_s": [1.0, 2.0]})
+    with pytest.raises(ValueError, match=r"'vllm-openai' was not measured; the targets are a, b"):
+        bench.relative_to(summary, "vllm-openai")
+
+
+@pytest.mark.parametrize("gpu, name", [("h200", "H200"), ("h100", "H100")])
+def test_a_run_of_record_holds_every_target_at_every_level_with_the_agreed_columns(gpu, name):
+    summary, environment = bench.recorded_run(gpu)
+    assert name in environment["gpu_name"] and environment["versions"]["vllm"] == "0.26.0"
+    assert list(summary.columns[: len(bench.SUMMARY_COLUMNS)]) == bench.SUMMARY_COLUMNS
+    levels = summary.groupby("target")["concurrency"].apply(sorted).to_dict()
+    assert levels == {target: [1, 16, 64, 256] for target in bench.TARGETS}
+    assert (summary["errors"] == 0).all() and (summary["requests"] > 0).all()
+    assert (bench.relative_to(summary, "direct") > 0).all().all()
+
+
+def test_a_gpu_without_a_run_of_record_is_named_with_those_recorded():
+    with pytest.raises(ValueError, match=r"no recorded run for 'a100'; recorded: h100, h200"):
+        bench.recorded_run("a100")
+
 # ---- splitting a level over workers --------------------------------------------------------------------------------
 ENDPOINT = bench.Endpoint("triton-grpc", "127.0.0.1:1")
 

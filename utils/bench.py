@@ -61,6 +61,7 @@ from utils.repository import DEFAULT_MODEL_NAME, has_gpu, read_engine_args, runn
 from utils.server import ServerHandle, TritonServer, engine_environment, free_port, shared_server, stop_process_tree
 
 TARGETS = ("triton-grpc", "triton-http", "vllm-openai", "direct")
+RECORDED_RUNS = paths.PROJECT_ROOT / "notebooks" / "results"  # the runs of record, one folder per GPU
 SERVING = {"triton-grpc": "triton", "triton-http": "triton", "vllm-openai": "vllm-openai", "direct": "direct"}
 SUMMARY_COLUMNS = [
     "target", "concurrency", "request_rate", "requests", "duration_s", "requests_per_s", "output_tokens_per_s",
@@ -268,6 +269,26 @@ def summarize(records: pd.DataFrame) -> pd.DataFrame:
     summary = pd.DataFrame([summarize_level(group) for _, group in groups])
     extras = [c for c in summary.columns if c not in SUMMARY_COLUMNS]
     return summary[SUMMARY_COLUMNS + extras]
+
+
+def relative_to(summary: pd.DataFrame, reference: str, column: str = "requests_per_s") -> pd.DataFrame:
+    """Each target's ``column`` over ``reference``'s at the same concurrency (closed loop): a row per concurrency, a
+    column per other target. Ratios measured in one run carry from machine to machine where the figures do not."""
+    closed = summary[summary["concurrency"].notna()]
+    table = closed.pivot_table(index="concurrency", columns="target", values=column, sort=False)
+    if reference not in table.columns:
+        raise ValueError(f"{reference!r} was not measured; the targets are {', '.join(table.columns)}")
+    return table.drop(columns=reference).div(table[reference], axis=0)
+
+
+def recorded_run(gpu: str = "h200") -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The project's benchmark of record on ``gpu`` (a folder of notebooks/results) and its environment.json: what a
+    run on 2 CPU cores cannot show, made by this module's CLI with every target up at once."""
+    folder = RECORDED_RUNS / gpu
+    if not (folder / "benchmark.csv").exists():
+        recorded = sorted(path.parent.name for path in RECORDED_RUNS.glob("*/benchmark.csv"))
+        raise ValueError(f"no recorded run for {gpu!r}; recorded: {', '.join(recorded)}")
+    return pd.read_csv(folder / "benchmark.csv"), json.loads((folder / "environment.json").read_text())
 
 
 # ---- prompts ---------------------------------------------------------------------------------------------
