@@ -23,7 +23,7 @@
 #              request, where the time went (engine_e2e_ms, vllm_frontend_ms, outside_vllm_ms), and the CPU columns (ab.csv,
 #              ab-requests.csv, ab-table.txt); AB_INSTANCES="1 2" also runs every variant with two instances of the model
 #              (two engines, two Python processes: ab-x2.csv; each engine takes 0.15 of the GPU's memory, so keep variants x
-#              instances at 5 or fewer); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run; a second
+#              instances at 5 or fewer); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run, AB_VLLM=1 vLLM's server; a second
 #              table gives each round's requests/s, arrival_gap_cv and TTFT p50, and per level the correlation, over the Triton
 #              runs, of arrival_gap_cv with requests/s over the round's Triton mean (on an H100 on 2026-12-06, -0.72 to -0.79 at
 #              256 streams: the rounds where the clients' sends bunched served less); AB_LIMIT_S (default 480) bounds each
@@ -144,7 +144,7 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     backends=$(echo ${AB_VARIANTS:-main=backend/vllm $carried} | tr ' ' ,)
     for instances in ${AB_INSTANCES:-1}; do  # every variant's Triton up at once, each level on all of them back to back
       name=ab$([ "$instances" = 1 ] || echo "-x$instances")
-      timeout -k 30 "${AB_LIMIT_S:-480}" $PY -m utils.bench --targets "triton-grpc,triton-http${AB_DIRECT:+,direct}" \
+      timeout -k 30 "${AB_LIMIT_S:-480}" $PY -m utils.bench --targets "triton-grpc,triton-http${AB_DIRECT:+,direct}${AB_VLLM:+,vllm-openai}" \
         --triton-backends "$backends" --concurrency "${AB_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 \
         --duration "${AB_DURATION:-8}" --repeats "${AB_ROUNDS:-2}" --triton-instances "$instances" --no-plots \
         --time-limit $(( ${AB_LIMIT_S:-480} - 60 )) --out "$TUTORIAL_HOME/$name" 2>&1 \
