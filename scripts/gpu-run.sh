@@ -3,7 +3,8 @@
 # Prerequisite: the gpu-kit parts copied to /tmp/gpu-parts (../shared/gpu-kit/README.md), built with
 # EXTRA_PINS="uvloop==0.23.0 papermill==2.7.0 entrypoints==0.4.2 tenacity==9.2.1 py-spy==0.4.3" (vLLM's server runs
 # on uvloop; the notebook-structure tests and `make tutorial` import papermill; `profile` samples with py-spy; the kit
-# has none of them).
+# has none of them). A call that runs `ab` or `bench` after other phases exports CALL_START=$(date +%s) and CALL_LIMIT_S (its
+# timeout_s) first: they then end 25 s before the call's limit (`within_call`), and their runs come back even if it is hit.
 #   setup      build /tmp/gpu-env from the kit, print versions and the GPU, `make setup` (bytecode), time vLLM's import, convert the model
 #   bench      the benchmark of record: four targets in one run, all up at once, each level on the four back to back (HTTP first,
 #              then the order rotated at the second repeat), concurrency 1/16/64/256 (BENCH_LEVELS), 128 tokens,
@@ -76,8 +77,8 @@ shared_address() {  # the background server of `make serve`, as TUTORIAL_TRITON 
   $PY -c "import json; i=json.load(open('$TUTORIAL_HOME/runs/serve.json')); print(json.dumps({k: i[k] for k in ('host','http','grpc','metrics')}))"
 }
 
-without_progress() {  # progress bars redraw in place: in a log file they are thousands of lines
-  grep -v "it/s\]\|s/it\]\|level/s\]\|Triton starting"
+without_progress() {  # progress bars redraw in place (carriage returns, cursor moves): in a log file, thousands of lines
+  tr '\r' '\n' | sed 's/\x1b\[[0-9;]*[A-Za-z]//g' | grep -v '^\s*$\|\[[0-9:]*[0-9][<,]\|\[[0-9:]*[0-9]\]'
 }
 
 pack() {  # pack a benchmark folder's results into one file under $OUT: at most 8 files of 16 MiB come back from a call,
@@ -85,6 +86,28 @@ pack() {  # pack a benchmark folder's results into one file under $OUT: at most 
   local src=$1 name=$2
   tar -C "$src" -czf "$OUT/$name.tgz" --exclude='*/tmp' --exclude='*/backends' --exclude='*/model_repository' \
     --exclude=requests.csv . 2>/dev/null
+}
+
+within_call() {  # $1 seconds, or what is left of the device call if fewer: CALL_START (date +%s) and CALL_LIMIT_S (the
+  # run's timeout_s), exported by its command line, less 25 s to stop and copy; a call that runs past its limit is killed
+  # outright (2026-12-07: `setup` took 125 s on a fresh H100, and the `ab` after it, bounded at 470 s, lost 28 runs)
+  local left=$1
+  if [ -n "${CALL_LIMIT_S:-}" ]; then
+    left=$(( ${CALL_START:?export CALL_START=\$(date +%s) with CALL_LIMIT_S} + CALL_LIMIT_S - $(date +%s) - 25 ))
+    [ "$left" -lt "$1" ] || left=$1
+    [ "$left" -ge 1 ] || left=1  # `timeout 0` would mean no limit at all
+  fi
+  echo "$left"
+}
+
+sending_measured() {  # every 15 s, the runs the benchmark writing $1 has saved (utils.bench's measured/) and its
+  # environment.json, packed as $OUT/$2-measured.tgz, which comes back should the call be killed; locally
+  # `tar -xzf NAME-measured.tgz -C DIR && python -m utils.bench --summarize DIR` makes their results
+  local src=$1 name=$2
+  while sleep 15; do
+    [ -d "$src/measured" ] && tar -C "$src" -czf "$OUT/$name-measured.partial" measured environment.json 2>/dev/null \
+      && mv "$OUT/$name-measured.partial" "$OUT/$name-measured.tgz"
+  done
 }
 
 reached() {  # until the benchmark writing $log (pid $bench) starts repeat $1 of its level, or has ended
@@ -144,11 +167,14 @@ print('startup_s', e.get('startup_s'), '| req/s', s.requests_per_s.round(1).toli
     backends=$(echo ${AB_VARIANTS:-main=backend/vllm $carried} | tr ' ' ,)
     for instances in ${AB_INSTANCES:-1}; do  # every variant's Triton up at once, each level on all of them back to back
       name=ab$([ "$instances" = 1 ] || echo "-x$instances")
-      timeout -k 30 "${AB_LIMIT_S:-480}" $PY -m utils.bench --targets "triton-grpc,triton-http${AB_DIRECT:+,direct}${AB_VLLM:+,vllm-openai}" \
+      limit=$(within_call "${AB_LIMIT_S:-480}")
+      sending_measured "$TUTORIAL_HOME/$name" "$name" & sender=$!
+      timeout -k 20 "$limit" $PY -m utils.bench --targets "triton-grpc,triton-http${AB_DIRECT:+,direct}${AB_VLLM:+,vllm-openai}" \
         --triton-backends "$backends" --concurrency "${AB_LEVELS:-1,64,256}" --max-tokens 128 --prompt-tokens 100 \
         --duration "${AB_DURATION:-8}" --repeats "${AB_ROUNDS:-2}" --triton-instances "$instances" --no-plots \
-        --time-limit $(( ${AB_LIMIT_S:-480} - 60 )) --out "$TUTORIAL_HOME/$name" 2>&1 \
+        --time-limit $(( limit > 61 ? limit - 60 : 1 )) --out "$TUTORIAL_HOME/$name" 2>&1 \
         | without_progress | tee "$OUT/$name.log"
+      kill $sender; rm -f "$OUT/$name-measured".*  # the benchmark wrote its results
       grep -o "ready: model=.*" "$TUTORIAL_HOME/$name"/triton-*/server.log | grep -o "^[^:]*\|started in.*" | paste - - | tee -a "$OUT/$name.log"
       cp "$TUTORIAL_HOME/$name/summary.csv" "$OUT/$name.csv"
       cp "$TUTORIAL_HOME/$name/requests.csv" "$OUT/$name-requests.csv"
@@ -195,9 +221,12 @@ PY
     ;;
   bench)
     make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
-    timeout -k 30 "${BENCH_LIMIT_S:-540}" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
+    limit=$(within_call "${BENCH_LIMIT_S:-540}")
+    sending_measured "$TUTORIAL_HOME/bench" bench & sender=$!
+    timeout -k 20 "$limit" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
       --concurrency "${BENCH_LEVELS:-1,16,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
-      --time-limit $(( ${BENCH_LIMIT_S:-540} - 60 )) --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
+      --time-limit $(( limit > 61 ? limit - 60 : 1 )) --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
+    kill $sender; rm -f "$OUT/bench-measured".*
     for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/bench/$f" "$OUT/bench-$f"; done
     pack "$TUTORIAL_HOME/bench" bench  # summary, environment, plots: notebooks/results/<gpu>/ takes them
     ;;

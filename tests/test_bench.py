@@ -169,6 +169,29 @@ def test_requests_csv_round_trip_gives_the_same_summary(tmp_path):
     pd.testing.assert_frame_equal(bench.summarize(again), bench.summarize(records), check_dtype=False)
 
 
+def test_runs_saved_one_by_one_come_back_in_the_finished_benchmarks_order(tmp_path):
+    """Two targets, two levels, two repeats, measured side by side (the order rotated at each repeat) and saved as
+    they were measured: read back by target, level and repeat, as requests.csv holds them, with the same summary."""
+    runs = {}
+    for run_order, (position, number, repeat) in enumerate(bench.side_by_side_order(2, bench.Plan((bench.Level(1), bench.Level(16)), repeats=2))):
+        run = made_up_records().query(f"repeat == {repeat}").assign(
+            target=["a", "b"][position], concurrency=[1, 16][number], run_order=run_order
+        )
+        bench.save_run(run, tmp_path)
+        runs[(position, number, repeat)] = run
+    finished = pd.concat([runs[key] for key in sorted(runs)], ignore_index=True)
+    saved = bench.saved_records(tmp_path)
+    assert saved[["target", "concurrency", "repeat"]].drop_duplicates().values.tolist() == [
+        ["a", 1, 0], ["a", 1, 1], ["a", 16, 0], ["a", 16, 1], ["b", 1, 0], ["b", 1, 1], ["b", 16, 0], ["b", 16, 1],
+    ]  # fmt: skip
+    pd.testing.assert_frame_equal(bench.summarize(saved), bench.summarize(finished), check_dtype=False)
+    assert not list(tmp_path.glob("measured/.*"))  # each file written beside and renamed into place
+    with pytest.raises(ValueError, match="holds no benchmark's requests"):
+        bench.saved_records(tmp_path / "empty")
+    with pytest.raises(ValueError, match="no environment.json"):
+        bench.summarize_folder(tmp_path)
+
+
 
 # ---- ratios, and the runs of record ------------------------------------------------------------------------------
 def test_relative_to_divides_each_target_by_the_reference_at_its_concurrency():
@@ -616,15 +639,15 @@ def test_a_time_limit_keeps_the_runs_measured_before_it(triton, tmp_path, monkey
         bench.run_benchmark(["triton-grpc"], [1], time_limit_s=0, out_dir=tmp_path / "zero")
 
 
-@pytest.mark.parametrize("to_group", [False, True], ids=["SIGTERM to the benchmark", "SIGINT to its process group"])
-def test_a_stopped_cli_writes_the_runs_measured_and_leaves_no_process(triton, tmp_path, to_group):
-    """What `timeout` (SIGTERM to the benchmark) and Ctrl-C in a terminal (SIGINT to the benchmark and its load
-    workers) do: the runs measured are written, the workers end, the exit code is 128 + the signal."""
+def start_cli_and_wait_for_its_first_run(out: Path, to_group: bool) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """The benchmark's command line on the session server, three levels of 4 s, once its bar counts the first run;
+    its stderr gathered into the list returned by the thread returned."""
     command = [
         sys.executable, "-m", "utils.bench", "--targets", "triton-grpc", "--concurrency", "1,2,3", "--duration", "4",
-        "--max-tokens", "8", "--warmup", "1", "--no-plots", "--out", str(tmp_path / "out"),
+        "--max-tokens", "8", "--warmup", "1", "--no-plots", "--out", str(out),
     ]  # fmt: skip
-    with open(tmp_path / "stdout.txt", "w") as stdout:
+    out.mkdir(parents=True)
+    with open(out.parent / "stdout.txt", "w") as stdout:
         cli = subprocess.Popen(
             command, cwd=paths.PROJECT_ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=to_group
         )  # fmt: skip
@@ -633,8 +656,16 @@ def test_a_stopped_cli_writes_the_runs_measured_and_leaves_no_process(triton, tm
     reader.start()
     deadline = time.monotonic() + 300
     while "1/3" not in "".join(err[-400:]) and cli.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # until the benchmark's bar counts its first run
+        time.sleep(0.05)
     assert cli.poll() is None, "".join(err)[-3000:]
+    return cli, err, reader
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["SIGTERM to the benchmark", "SIGINT to its process group"])
+def test_a_stopped_cli_writes_the_runs_measured_and_leaves_no_process(triton, tmp_path, to_group):
+    """What `timeout` (SIGTERM to the benchmark) and Ctrl-C in a terminal (SIGINT to the benchmark and its load
+    workers) do: the runs measured are written, the workers end, the exit code is 128 + the signal."""
+    cli, err, reader = start_cli_and_wait_for_its_first_run(tmp_path / "out", to_group)
     workers = psutil.Process(cli.pid).children(recursive=True)
     assert workers  # the load generator's processes
     if to_group:
@@ -652,6 +683,29 @@ def test_a_stopped_cli_writes_the_runs_measured_and_leaves_no_process(triton, tm
     assert environment["stopped"] == "interrupted" and environment["runs_measured"] == len(summary)
     assert "stopped early (interrupted)" in out
     assert bench.read_records(tmp_path / "out" / "requests.csv")["error"].eq("").all()
+    assert not (tmp_path / "out" / "measured").exists()  # requests.csv holds the runs saved one by one
+    assert http_ready(triton.http_url)  # the server measured keeps serving
+
+
+def test_a_killed_cli_leaves_the_runs_it_measured_and_summarize_makes_their_results(triton, tmp_path):
+    """SIGKILL to the benchmark's process group (a call's time limit on the GPU machine, 2026-12-07): nothing can
+    write the results, but each run was saved as it was measured, and `--summarize` makes the results of them."""
+    out = tmp_path / "out"
+    cli, _, _ = start_cli_and_wait_for_its_first_run(out, to_group=True)
+    os.killpg(cli.pid, signal.SIGKILL)
+    assert cli.wait(timeout=30) == -signal.SIGKILL
+    assert not (out / "summary.csv").exists() and not (out / "requests.csv").exists()
+    assert [path.name for path in (out / "measured").iterdir()] == ["run-0000.csv"]  # no half-written second
+    assert bench.main(["--summarize", str(out), "--no-plots"]) == 0
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary[["target", "concurrency"]].values.tolist() == [["triton-grpc", 1]]
+    records = bench.read_records(out / "requests.csv")
+    assert len(records) == summary["requests"].iloc[0] > 0 and (records["output_tokens"] == 8).all()
+    environment = json.loads((out / "environment.json").read_text())
+    assert environment["stopped"] == bench.ENDED_UNFINISHED
+    assert (environment["runs_measured"], environment["runs_planned"]) == (1, 3)
+    assert list(environment["startup_s"]) == ["triton"]  # written before the first run
+    assert not (out / "measured").exists()
     assert http_ready(triton.http_url)  # the server measured keeps serving
 
 

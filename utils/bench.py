@@ -82,6 +82,8 @@ STEP_TOKENS_HISTOGRAM = "vllm:iteration_tokens_total"  # tokens per engine step:
 STEP_COLUMNS = ("engine_tokens_per_step", "engine_steps_per_request", "engine_prefill_steps_per_request")
 ENGINE_SETTLE_S = 3.0  # our backend publishes its histograms once a second (backend/vllm/metrics.py)
 LIST_COLUMNS = ("chunk_offsets_ms", "chunk_tokens")
+MEASURED_DIR = "measured"  # each run's requests as it is measured (`save_run`), until requests.csv holds them all
+ENDED_UNFINISHED = "ended before writing its results (killed outright?): summarized from the runs it saved"
 STREAMS_PER_WORKER = 32  # one asyncio process keeps up with this many token streams on a fast GPU
 START_LEAD_S = 0.5  # workers get their share, open their client, then all start at the same instant
 REQUEST_TIMEOUT_S = 900.0  # a request slower than this is recorded as failed (and aborted)
@@ -1026,11 +1028,14 @@ def records_frame(streams: list[Stream], level: dict[str, Any]) -> pd.DataFrame:
 
 
 def write_records(records: pd.DataFrame, path: Path) -> Path:
-    """requests.csv: the chunk lists as JSON, so every per-token latency can be recomputed."""
+    """requests.csv: the chunk lists as JSON, so every per-token latency can be recomputed. Written beside and
+    renamed into place, so a process killed while writing leaves no half a file."""
     encoded = records.copy()
     for column in LIST_COLUMNS:
         encoded[column] = encoded[column].map(json.dumps)
-    encoded.to_csv(path, index=False)
+    partial = path.with_name(f".{path.name}.partial")
+    encoded.to_csv(partial, index=False)
+    os.replace(partial, path)
     return path
 
 
@@ -1041,6 +1046,31 @@ def read_records(path: str | Path) -> pd.DataFrame:
         records[column] = records[column].map(json.loads)
     records["error"] = records["error"].fillna("").astype(str)
     return records
+
+
+def save_run(records: pd.DataFrame, out: Path) -> Path:
+    """One run's requests, saved the moment it is measured (``measured/run-NNNN.csv``, NNNN its ``run_order``): a
+    benchmark killed outright (SIGKILL, a machine taken back, a call's time limit) writes no summary, and a GPU
+    session lost a sweep of 28 measured runs that way (2026-12-07); `summarize_folder` makes the results of those
+    saved. A benchmark that finishes writes requests.csv and removes the folder."""
+    folder = out / MEASURED_DIR
+    folder.mkdir(exist_ok=True)
+    return write_records(records, folder / f"run-{int(records['run_order'].iloc[0]):04d}.csv")
+
+
+def saved_records(out: Path) -> pd.DataFrame:
+    """The requests a benchmark in ``out`` saved: its runs saved one by one if it ended before writing requests.csv,
+    ordered as the finished benchmark orders them (by target in the order given, which the first repeat of the
+    first level follows, then level, then repeat); else its requests.csv."""
+    runs = sorted((out / MEASURED_DIR).glob("run-*.csv"))
+    if not runs:
+        if (out / "requests.csv").exists():
+            return read_records(out / "requests.csv")
+        raise ValueError(f"{out} holds no benchmark's requests: neither requests.csv nor {MEASURED_DIR}/run-*.csv")
+    records = pd.concat([read_records(path) for path in runs], ignore_index=True)
+    first_run = records.groupby("target", sort=False)["run_order"].transform("min")
+    ordered = records.assign(first_run=first_run).sort_values(["first_run", "run_order"], kind="stable")
+    return ordered.drop(columns="first_run").reset_index(drop=True)
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------------------
@@ -1457,7 +1487,8 @@ def side_by_side_order(targets: int, plan: Plan) -> Iterator[tuple[int, int, int
 
 
 def sweep_side_by_side(
-    runs: Sequence[TargetRun], plan: Plan, levels_bar: tqdm, deadline: float | None = None
+    runs: Sequence[TargetRun], plan: Plan, levels_bar: tqdm, deadline: float | None = None,
+    on_run: Callable[[pd.DataFrame], Any] = lambda records: None,
 ) -> tuple[pd.DataFrame, str]:
     """Every level on every target back to back, the targets' order rotated at each repeat, so a machine that
     speeds up or slows down during the benchmark shifts every target's figures alike, not only those of the
@@ -1469,7 +1500,8 @@ def sweep_side_by_side(
     through the command line) or when the next run, taking as long as the longest so far, would end past
     ``deadline`` (``time.monotonic()``; the first run always runs, so a stopped benchmark still has a figure).
     A GPU session that lost a sweep of 22 measured runs to the machine's time limit, 2026-12-06, is why. The
-    second value says why it stopped ('' when every run was measured); interrupted before any run, it re-raises."""
+    second value says why it stopped ('' when every run was measured); interrupted before any run, it re-raises.
+    ``on_run`` gets each run's records as soon as it is measured (`save_run`)."""
     readings: dict = {}
     frames: dict[tuple[int, int, int], pd.DataFrame] = {}
     longest_s = 0.0
@@ -1483,6 +1515,7 @@ def sweep_side_by_side(
             frame = measure_level(runs[position], plan, plan.levels[number], number, repeat, readings)
             longest_s = max(longest_s, time.monotonic() - began)
             frames[(position, number, repeat)] = frame.assign(run_order=len(frames))
+            on_run(frames[(position, number, repeat)])
             levels_bar.update(1)
     except KeyboardInterrupt:
         if not frames:
@@ -1652,11 +1685,13 @@ def run_benchmark(
         "triton_instances": triton_instances, "triton_backends": {name: str(path) for name, path in backends.items()},
         "time_limit_s": time_limit_s,
     }  # fmt: skip
-    environment = environment_info(settings, options)
-    (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
+    total = sum(len(g) for g in groups.values()) * len(levels) * repeats
+    environment = {**environment_info(settings, options), "runs_planned": total}
+    write_environment(environment, out)
+    for earlier in (out / "summary.csv", out / "requests.csv", out / MEASURED_DIR):  # a folder measured before
+        shutil.rmtree(earlier) if earlier.is_dir() else earlier.unlink(missing_ok=True)
     book = PromptBook(load_tokenizer(settings["model"]), prompt_tokens)
     startup_s: dict[str, float] = {}
-    total = sum(len(g) for g in groups.values()) * len(levels) * repeats
     with contextlib.ExitStack() as running, tqdm(total=total, desc="benchmark", unit="level", disable=not progress) as levels_bar:
         runs = []
         for group_name, group in groups.items():  # one after another: an engine starting measures the GPU's free memory
@@ -1677,13 +1712,27 @@ def run_benchmark(
                 warm_up(run, plan)
                 runs.append(run)
         deadline = began + time_limit_s if time_limit_s else None
-        records, stopped = sweep_side_by_side(runs, plan, levels_bar, deadline)
-    measured = int(records["run_order"].max()) + 1
-    environment.update(startup_s=startup_s, stopped=stopped, runs_measured=measured, runs_planned=total)
+        environment.update(startup_s=startup_s)
+        write_environment(environment, out)  # the servers' start times, should the benchmark be killed
+        records, stopped = sweep_side_by_side(runs, plan, levels_bar, deadline, on_run=lambda run: save_run(run, out))
+    environment.update(stopped=stopped)
+    return write_results(records, environment, out, plots)
+
+
+def write_environment(environment: dict[str, Any], out: Path) -> None:
     (out / "environment.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
+
+
+def write_results(records: pd.DataFrame, environment: dict[str, Any], out: Path, plots: bool) -> pd.DataFrame:
+    """summary.csv, requests.csv, environment.json (with the runs measured) and the plots; the runs saved one by
+    one go. Warns of failed requests and of a benchmark stopped early."""
+    measured = int(records["run_order"].nunique())
+    environment.update(runs_measured=measured)
+    write_environment(environment, out)
     summary = summarize(records)
     summary.to_csv(out / "summary.csv", index=False)
     write_records(records, out / "requests.csv")
+    shutil.rmtree(out / MEASURED_DIR, ignore_errors=True)
     if plots:
         from utils.plots import save_benchmark_plots
 
@@ -1691,10 +1740,24 @@ def run_benchmark(
     failed = int((records["error"] != "").sum())
     if failed:
         print(f"warning: {failed} of {len(records)} requests failed; see the 'error' column of {out / 'requests.csv'}")
+    stopped = environment["stopped"]
     if stopped:
-        print(f"warning: stopped early ({stopped}): {measured} of {total} runs measured, the results hold only those")
+        planned = environment.get("runs_planned", "?")
+        print(f"warning: stopped early ({stopped}): {measured} of {planned} runs measured, the results hold only those")
     summary.attrs.update(out_dir=str(out), stopped=stopped)
     return summary
+
+
+def summarize_folder(out: str | Path, plots: bool = True) -> pd.DataFrame:
+    """The results of the benchmark that wrote ``out``, from the requests it saved: for one killed before it wrote
+    them (environment.json then says so in ``stopped``), or again for one that finished (new plots, say)."""
+    out = Path(out).resolve()
+    if not (out / "environment.json").exists():
+        raise ValueError(f"{out} is not a benchmark's folder: it has no environment.json")
+    records = saved_records(out)
+    environment = json.loads((out / "environment.json").read_text())
+    environment.setdefault("stopped", ENDED_UNFINISHED)
+    return write_results(records, environment, out, plots)
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
@@ -1742,6 +1805,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="write the CSVs and environment.json only")
+    parser.add_argument("--summarize", type=Path, default=None, metavar="DIR",
+                        help="measure nothing: write the results of the benchmark in DIR from the runs it saved "
+                             "(one killed before writing them)")
     return parser.parse_args(argv)  # fmt: skip
 
 
@@ -1770,10 +1836,20 @@ def interrupted_exit_code(received: list[int]) -> int:
     return 128 + (received[0] if received else signal.SIGINT)
 
 
+def print_summary(summary: pd.DataFrame) -> None:
+    shown = SUMMARY_COLUMNS + ["tokens_per_response"]  # a stream held back shows here, not in requests/s
+    with pd.option_context("display.width", 220, "display.max_columns", len(shown)):
+        print(summary[shown].round(2).to_string(index=False))
+    print(f"results in {summary.attrs['out_dir']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; exits 128 + the signal's number when interrupted (130 for Ctrl-C, 143 for SIGTERM),
     after writing the runs measured."""
     args = parse_args(argv)
+    if args.summarize is not None:
+        print_summary(summarize_folder(args.summarize, plots=not args.no_plots))
+        return 0
     with sigterm_as_interrupt() as received:
         try:
             summary = run_benchmark(
@@ -1786,10 +1862,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted before any run was measured; servers and workers stopped", file=sys.stderr)
             return interrupted_exit_code(received)
-    shown = SUMMARY_COLUMNS + ["tokens_per_response"]  # a stream held back shows here, not in requests/s
-    with pd.option_context("display.width", 220, "display.max_columns", len(shown)):
-        print(summary[shown].round(2).to_string(index=False))
-    print(f"results in {summary.attrs['out_dir']}")
+    print_summary(summary)
     if summary.attrs["stopped"] == "interrupted":
         return interrupted_exit_code(received)
     return 0
