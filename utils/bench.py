@@ -1487,8 +1487,8 @@ def side_by_side_order(targets: int, plan: Plan) -> Iterator[tuple[int, int, int
 
 
 def sweep_side_by_side(
-    runs: Sequence[TargetRun], plan: Plan, levels_bar: tqdm, deadline: float | None = None,
-    on_run: Callable[[pd.DataFrame], Any] = lambda records: None,
+    runs: Sequence[TargetRun], plan: Plan, levels_bar: tqdm, deadline: float | None,
+    on_run: Callable[[pd.DataFrame], Any],
 ) -> tuple[pd.DataFrame, str]:
     """Every level on every target back to back, the targets' order rotated at each repeat, so a machine that
     speeds up or slows down during the benchmark shifts every target's figures alike, not only those of the
