@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import socket
 import threading
@@ -23,15 +24,18 @@ from utils.server import ServerError, TritonServer, processes_tagged
 
 
 SCRATCH_STREAM_INTERVAL = 3
+SCRATCH_QUEUE_WINDOW = {"max_queue_delay_microseconds": "1000000", "queue_quiet_microseconds": "300000"}
 
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> TritonServer:
     """A server of this module's own (its tests unload, kill and stop it); its model.json also sets vLLM's
-    ``stream_interval``, which the backend keeps as the floor of its pace (a CPU's load never raises the pace)."""
+    ``stream_interval``, which the backend keeps as the floor of its pace (a CPU's load never raises the pace), and
+    its config.pbtxt a queue delay (``backend/vllm/admission.py``), so unloading and stopping meet held requests."""
     run_dir = paths.runs_dir() / f"pytest-scratch-{time.strftime('%Y%m%d-%H%M%S')}"
     repository = prepare_run_repository(
-        run_dir / "model_repository", engine_overrides={"stream_interval": SCRATCH_STREAM_INTERVAL}, log=lambda _: None
+        run_dir / "model_repository", engine_overrides={"stream_interval": SCRATCH_STREAM_INTERVAL},
+        config_parameters=SCRATCH_QUEUE_WINDOW, log=lambda _: None,
     )
     server = TritonServer(repository, run_dir=run_dir, free_ports=True)
     server.start().wait_ready(timeout=900, progress=False)
@@ -114,6 +118,62 @@ def test_a_stream_interval_in_model_json_gathers_tokens_and_loses_none(scratch):
     assert streamed.error is None and sum(streamed.tokens) == 11 and streamed.tokens[0] == 1
     assert len(streamed.tokens) < 11 and all(n % SCRATCH_STREAM_INTERVAL == 0 for n in streamed.tokens[1:-1])
     assert streamed.text == whole["text_output"]
+
+
+def steps_over(values: dict[str, float], tokens: int) -> float:
+    """Engine steps that computed more than ``tokens`` tokens (vLLM's tokens-per-step histogram; ``tokens`` is one
+    of its bucket bounds)."""
+    within = sum(v for k, v in values.items() if k.startswith("vllm:iteration_tokens_total_bucket{") and f'le="{tokens}"' in k)
+    return metric(values, "vllm:iteration_tokens_total_count") - within
+
+
+def test_a_queue_delay_takes_requests_arriving_close_together_in_on_one_engine_step(scratch):
+    """config.pbtxt's ``max_queue_delay_microseconds`` (the scratch server's: 1 s, quiet 0.3 s): four requests that
+    arrive 0.1 s apart while another streams are held until arrivals stop, then reach the engine together: one engine
+    step computes all four prompts (32-42 tokens each, distinct, so no prefix is cached: over 128 tokens, which no
+    three of them reach), and each request still gets exactly its tokens."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from tests.backend_helpers import MODEL, inputs_for
+
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(scratch.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer(MODEL, inputs_for("Once upon a time", stream=True, sampling=long_sampling(scratch)))
+    try:
+        assert responses.get(timeout=120)[1] is None  # the first token: the long request is in flight
+        before = metrics(scratch.metrics_url)
+        replies: dict[int, tuple[int, dict]] = {}
+
+        def ask(i: int) -> None:
+            tag = secrets.token_hex(4)  # a prefix no earlier request had: nothing of the prompt is cached
+            prompt = (
+                f"Request {i} {tag}: the quick brown fox jumps over the lazy dog, "
+                "and the dog sleeps under the old tree by the wide river."
+            )
+            body = {"text_input": prompt, "max_tokens": 4, "ignore_eos": True, "temperature": 0,
+                    "return_num_input_tokens": True, "return_num_output_tokens": True}
+            replies[i] = generate(scratch.http_url, body)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.1)
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    assert all(status == 200 for status, _ in replies.values()) and len(replies) == 4, replies
+    prompt_tokens = [body["num_input_tokens"] for _, body in replies.values()]
+    assert all(32 <= n <= 42 for n in prompt_tokens), prompt_tokens  # four exceed 128 tokens with a decode, three do not
+    assert all(body["num_output_tokens"] == 4 for _, body in replies.values())
+    deadline = time.monotonic() + 5
+    while steps_over(metrics(scratch.metrics_url), 128) - steps_over(before, 128) < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)  # the backend publishes vLLM's histograms once a second
+    assert steps_over(metrics(scratch.metrics_url), 128) - steps_over(before, 128) == 1
 
 
 def test_unload_with_streams_in_flight_finishes_within_bound(scratch):

@@ -131,3 +131,26 @@ def test_instance_groups_of_one_gpu_each_are_accepted(tmp_path):
     repo.write_model(tmp_path, config, {"model": "x"})
     groups = repo.validate_repository(tmp_path)["m"]["config"]["instance_group"]
     assert groups == [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
+
+
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({"max_queue_delay_microseconds": "5 ms"}, "'max_queue_delay_microseconds' must be a whole number of microseconds"),
+        ({"max_queue_delay_microseconds": "-1"}, "'max_queue_delay_microseconds' must be a whole number"),
+        ({"max_queue_delay_microseconds": "2000", "queue_quiet_microseconds": "3000"}, r"\(3000\) exceeds .* \(2000\)"),
+    ],
+)
+def test_a_queue_delay_the_backend_would_refuse_is_refused_with_its_name(tmp_path, parameters, message):
+    repo.write_model(tmp_path, repo.make_config("m", parameters=parameters), {"model": "x"})
+    with pytest.raises(repo.RepositoryError, match=message):
+        repo.validate_repository(tmp_path)
+
+
+def test_a_queue_delay_alone_gets_the_default_quiet_period_within_it():
+    checks = repo._backend_checks()
+    read = lambda values: lambda key, default: values.get(key, default)  # noqa: E731 - config.pbtxt's parameters
+    assert checks.queue_window(read({})) == (0.0, 0.0)  # no delay: every request goes to the engine at once
+    assert checks.queue_window(read({"max_queue_delay_microseconds": "5000"})) == (0.0015, 0.005)
+    assert checks.queue_window(read({"max_queue_delay_microseconds": "1000"})) == (0.001, 0.001)
+    assert checks.queue_window(read({"max_queue_delay_microseconds": "8000", "queue_quiet_microseconds": "500"})) == (0.0005, 0.008)

@@ -176,6 +176,7 @@ def validate_repository(repository: str | Path) -> dict[str, dict]:
         if not versions:
             raise RepositoryError(f"{model_dir} has no version folder (e.g. 1/)")
         engine_versions = {v.name: read_engine_args(v / "model.json") for v in versions}
+        _check_queue_window(model_dir.name, config)
         for group in config.instance_group:
             kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
             for settings in engine_versions.values():
@@ -186,6 +187,19 @@ def validate_repository(repository: str | Path) -> dict[str, dict]:
     if not report:
         raise RepositoryError(f"{repository} holds no model folder")
     return report
+
+
+def _check_queue_window(model_name: str, config: mc.ModelConfig) -> None:
+    """The backend's queue-delay parameters, read as the backend reads them (it would refuse to load)."""
+
+    def parameter(key: str, default: str) -> str:
+        value = config.parameters[key].string_value if key in config.parameters else ""
+        return value or default
+
+    try:
+        _backend_checks().queue_window(parameter)
+    except ValueError as err:
+        raise RepositoryError(f"{model_name}: {err}") from None
 
 
 # ---- the engine settings of this machine ----------------------------------------------------------------

@@ -4,6 +4,8 @@ refuses to load) and utils.repository (which refuses to write), so both say the 
 
 from __future__ import annotations
 
+from typing import Callable
+
 
 def gpus_per_engine(engine_settings: dict) -> int:
     """How many GPUs one vLLM engine uses: tensor_parallel_size x pipeline_parallel_size."""
@@ -24,3 +26,26 @@ def instance_kind_problem(instance_kind: str, engine_settings: dict) -> str | No
             "(tensor_parallel_size x pipeline_parallel_size): use KIND_MODEL so vLLM places its workers itself"
         )
     return None
+
+
+QUIET_US = 1500  # the default quiet period: about one engine step of a small model under load on an H100/H200
+
+
+def _microseconds(parameter: Callable[[str, str], str], key: str, default: str) -> int:
+    text = parameter(key, default).strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"config parameter '{key}' must be a whole number of microseconds >= 0, got '{text}'")
+    return int(text)
+
+
+def queue_window(parameter: Callable[[str, str], str]) -> tuple[float, float]:
+    """(quiet_s, longest_s) of the backend's queue window (``admission``) from config.pbtxt's
+    ``max_queue_delay_microseconds`` (default 0: none) and ``queue_quiet_microseconds`` (default 1500, at most the
+    delay); ``parameter(key, default)`` reads one. A bad value raises ValueError naming the parameter."""
+    longest = _microseconds(parameter, "max_queue_delay_microseconds", "0")
+    quiet = _microseconds(parameter, "queue_quiet_microseconds", str(min(QUIET_US, longest)))
+    if quiet > longest:
+        raise ValueError(
+            f"config parameter 'queue_quiet_microseconds' ({quiet}) exceeds 'max_queue_delay_microseconds' ({longest})"
+        )
+    return quiet / 1e6, longest / 1e6

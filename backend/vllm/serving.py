@@ -33,9 +33,11 @@ on an H100 (2026-12-05, one 6 s run per level, 64 / 256 streams): gRPC 119 / 198
 TTFT p50 at 256 221 ms against 122, HTTP 115 / 221 against 139 / 229, with 1.0 core of the stub busy against 0.7-0.8.
 Final responses with the first ones, against later (another H100, 2026-12-05, 64 / 256 streams): gRPC 224 / 418
 requests/s against 216 / 383, HTTP 226 / 417 against 220 / 408, TTFT p50 at 256 120 / 154 ms against 51 / 44.
-Each valid request goes to the engine at once. Holding the requests that arrive while others are in flight for a
-window of 3 or 8 ms, so that they share one engine step's prefill, cut the steps with a prefill at 16 streams from
-0.54-0.65 per request to 0.29-0.50 on an H100 (2026-12-06) and served no more requests/s, at 3.5-9 ms more TTFT.
+Each valid request goes to the engine at once unless config.pbtxt sets ``max_queue_delay_microseconds``
+(``admission``). Holding the requests that arrive while others are in flight for a fixed window of 3 or 8 ms, so that
+they share one engine step's prefill, cut the steps with a prefill at 16 streams from 0.54-0.65 per request to
+0.29-0.50 on an H100 (2026-12-06) and served no more requests/s, at 3.5-9 ms more TTFT; the delay's rule ends a
+window once arrivals stop for ``queue_quiet_microseconds`` and is not measured on a GPU yet, so it is off by default.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.output_processor import RequestOutputCollector
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-from .checks import instance_kind_problem
+from .admission import Admission
+from .checks import instance_kind_problem, queue_window
 from .coordination import (
     answer_within,
     model_ready_over_http,
@@ -355,6 +358,7 @@ class VllmModel:
         check_output_collector()
         engine_args = self._engine_args(version_dir / "model.json")
         self._check_parallelism_fits_instance(args, self._engine_settings)
+        queue_window = self._queue_window()
         self.loras = self._lora_table(version_dir, engine_args)
         self._lora_ids = {name: i + 1 for i, name in enumerate(sorted(self.loras))}
 
@@ -367,6 +371,7 @@ class VllmModel:
         self._streams: dict[str, RequestStream] = {}
         self._ready = SendQueue()  # the streams with something pending, in the order they are served
         self._tasks: set[asyncio.Task] = set()  # requests being added to the engine, aborts: kept until done
+        self._admission = Admission(self.loop, self._spawn, *queue_window)  # off unless config.pbtxt sets a delay
         self._dead: BaseException | None = None
         self._accepting = True
         self._triton_pid = os.getppid()  # Triton starts each stub itself
@@ -414,6 +419,12 @@ class VllmModel:
     def _parameter(self, key: str, default: str) -> str:
         value = self.model_config.get("parameters", {}).get(key, {}).get("string_value")
         return default if value in (None, "") else value
+
+    def _queue_window(self) -> tuple[float, float]:
+        try:
+            return queue_window(self._parameter)
+        except ValueError as err:
+            raise pb_utils.TritonModelException(str(err)) from None
 
     def _check_parallelism_fits_instance(self, args, engine_settings: dict) -> None:
         problem = instance_kind_problem(args.get("model_instance_kind", ""), engine_settings)
@@ -502,7 +513,7 @@ class VllmModel:
             params.detokenize = False  # token ids only: the sender decodes them as it sends (``detokenize``)
             stream.text = SenderText(self._rust_tokenizer, params.skip_special_tokens, params.include_stop_str_in_output)
         self._streams[request_id] = stream
-        self._spawn(self._start(stream, parsed.prompt, params, lora))
+        self._admission.offer(self._start(stream, parsed.prompt, params, lora), others_in_flight=len(self._streams) > 1)
 
     def _spawn(self, coro) -> None:
         """A task the loop keeps a reference to until it is done (the loop itself holds only weak ones)."""
@@ -513,6 +524,8 @@ class VllmModel:
     async def _start(self, stream: RequestStream, prompt: str, params: SamplingParams, lora) -> None:
         """Hand the request to the engine and let its output collector ring for the sender (``turns.Doorbell``):
         no task per request waits on the engine's outputs, the sender takes them when it serves the stream."""
+        if stream.ended:  # the client left, or the model is being unloaded, while the request was held (``admission``)
+            return
         try:
             if not await self._fits_context(prompt, params):
                 return self._end(stream, self._too_long(prompt, params))
@@ -771,6 +784,7 @@ class VllmModel:
         gc.collect()
 
     async def _drain(self, grace: float) -> None:
+        self._admission.release()  # held requests go in now, and are ended with the others below if still running
         deadline = time.monotonic() + grace
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
