@@ -18,7 +18,7 @@ from google.protobuf import text_format
 
 from tests.backend_helpers import context_length, generate, is_continuation, metric, metrics, stream
 from utils import paths
-from utils.repository import prepare_run_repository
+from utils.repository import config_to_text, prepare_run_repository, read_config
 from utils.server import ServerError, TritonServer, processes_tagged
 
 
@@ -291,6 +291,26 @@ def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
     assert "GRPC" in server.log_tail(200) and "already in use" in server.log_tail(200)
     assert processes_tagged(server.shm_prefix) == []
     assert list(Path("/dev/shm").glob(f"{server.shm_prefix}*")) == []
+
+
+def test_a_queue_delay_the_backend_cannot_use_fails_the_load_naming_it(tmp_path):
+    """A config.pbtxt edited by hand past utils.repository's check: the backend refuses to load, before it starts
+    an engine, and the server's error says which parameter and why."""
+    repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
+    config_path = repository / "vllm_model" / "config.pbtxt"
+    config = read_config(config_path)
+    config.parameters["max_queue_delay_microseconds"].string_value = "2000"
+    config.parameters["queue_quiet_microseconds"].string_value = "3000"
+    config_path.write_text(config_to_text(config))
+    server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
+    server.start()
+    try:
+        with pytest.raises(ServerError, match=r"'queue_quiet_microseconds' \(3000\) exceeds 'max_queue_delay_microseconds'"):
+            server.wait_ready(timeout=900, progress=False)
+    finally:
+        server.stop()
+    assert "EngineCore" not in server.log_path.read_text(errors="replace")
+    assert processes_tagged(server.shm_prefix) == []
 
 
 NEIGHBOUR_MODEL = """import os
