@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
+
 class Admission:
     """Holds requests that arrive while others are in flight and admits them together (never, when ``longest_s`` is
     0: each goes in at once). ``admit`` is called with each request, in order of arrival, on the event loop's thread."""

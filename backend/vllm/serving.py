@@ -358,7 +358,7 @@ class VllmModel:
         check_output_collector()
         engine_args = self._engine_args(version_dir / "model.json")
         self._check_parallelism_fits_instance(args, self._engine_settings)
-        queue_window = self._queue_window()
+        window = self._queue_window()  # (quiet_s, longest_s): a bad value fails the load before the engine starts
         self.loras = self._lora_table(version_dir, engine_args)
         self._lora_ids = {name: i + 1 for i, name in enumerate(sorted(self.loras))}
 
@@ -371,7 +371,7 @@ class VllmModel:
         self._streams: dict[str, RequestStream] = {}
         self._ready = SendQueue()  # the streams with something pending, in the order they are served
         self._tasks: set[asyncio.Task] = set()  # requests being added to the engine, aborts: kept until done
-        self._admission = Admission(self.loop, self._spawn, *queue_window)  # off unless config.pbtxt sets a delay
+        self._admission = Admission(self.loop, self._spawn, *window)  # off unless config.pbtxt sets a delay
         self._dead: BaseException | None = None
         self._accepting = True
         self._triton_pid = os.getppid()  # Triton starts each stub itself
