@@ -6,6 +6,7 @@ import asyncio
 import json
 import queue
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -65,8 +66,11 @@ def _record(streamed: Streamed, result) -> None:
         streamed.finish_reasons.append(result.as_numpy("finish_reason")[0].decode())
 
 
-def stream(grpc_url: str, prompt, *, sampling=None, stream_mode=True, timeout=300, **flags) -> Streamed:
-    """One request on a sync gRPC stream, read until Triton's final flag (an empty final response)."""
+def stream(
+    grpc_url: str, prompt, *, sampling=None, stream_mode=True, timeout=300, answered: threading.Event | None = None, **flags
+) -> Streamed:
+    """One request on a sync gRPC stream, read until Triton's final flag (an empty final response); ``answered``
+    is set at its first response, text or error (the request has reached the engine, or will never)."""
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -81,6 +85,8 @@ def stream(grpc_url: str, prompt, *, sampling=None, stream_mode=True, timeout=30
     try:
         while True:
             result, error = responses.get(timeout=max(0.1, deadline - time.monotonic()))
+            if answered is not None:
+                answered.set()
             if error is not None:  # an error response is the request's last: the server has completed it
                 out.error = str(error)
                 finished = True

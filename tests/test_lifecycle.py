@@ -28,7 +28,7 @@ SCRATCH_QUEUE_WINDOW = {"max_queue_delay_microseconds": "1000000", "queue_quiet_
 
 
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory) -> TritonServer:
+def scratch_server() -> TritonServer:
     """A server of this module's own (its tests unload, kill and stop it); its model.json also sets vLLM's
     ``stream_interval``, which the backend keeps as the floor of its pace (a CPU's load never raises the pace), and
     its config.pbtxt a queue delay (``backend/vllm/admission.py``), so unloading and stopping meet held requests."""
@@ -41,6 +41,15 @@ def scratch(tmp_path_factory) -> TritonServer:
     server.start().wait_ready(timeout=900, progress=False)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def scratch(scratch_server: TritonServer) -> TritonServer:
+    """The module's server with its model loaded: a test that fails between an unload and its reload would
+    otherwise fail each test after it (as in CI on 2026-12-07)."""
+    if scratch_server.process.poll() is None and not model_ready(scratch_server):
+        reload(scratch_server)
+    return scratch_server
 
 
 def post(url: str, body: dict | None = None, timeout: float = 300) -> int:
@@ -72,28 +81,36 @@ def long_sampling(server: TritonServer) -> dict:
     return {"temperature": 0, "ignore_eos": True, "max_tokens": context_length(server.http_url) - 64}
 
 
-def start_long_streams(server: TritonServer, count: int) -> tuple[list, list[threading.Thread]]:
-    results: list = []
-    sampling = long_sampling(server)
-    threads = [
-        threading.Thread(target=lambda: results.append(stream(server.grpc_url, "Once upon a time", sampling=sampling, timeout=600)))
-        for _ in range(count)
-    ]
-    for thread in threads:
-        thread.start()
-    return results, threads
+class LongStreams:
+    """Streams that run far longer than any test step, each on a thread of its own."""
 
+    def __init__(self, server: TritonServer, count: int):
+        sampling = long_sampling(server)
+        self.limit = sampling["max_tokens"]
+        self.results: list = []
+        self.answered = [threading.Event() for _ in range(count)]
+        self.threads = [
+            threading.Thread(target=lambda answered=answered: self.results.append(
+                stream(server.grpc_url, "Once upon a time", sampling=sampling, timeout=600, answered=answered)
+            ))
+            for answered in self.answered
+        ]
+        for thread in self.threads:
+            thread.start()
 
-def wait_for_engine_tokens(server: TritonServer, streams: int, timeout: float = 60) -> None:
-    """Until the engine reports ``streams`` running requests (every stream is really in flight): fewer would
-    leave a late stream to arrive after what the test does next, and a request of an earlier test can leave
-    the gauge (published once a second) above 0 for a moment."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if metric(metrics(server.metrics_url), "vllm:num_requests_running") >= streams:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{streams} streams never ran together on the engine")
+    def wait_until_answered(self, timeout: float = 60) -> None:
+        """Until every stream has had its first response (it is in the engine), so that what the test does next
+        meets all of them. The engine's running gauge cannot tell: published once a second, it still showed an
+        earlier test's requests when CI's unload test went on with two of its three streams not yet sent."""
+        deadline = time.monotonic() + timeout
+        for answered in self.answered:
+            if not answered.wait(max(0.0, deadline - time.monotonic())):
+                raise AssertionError(f"{sum(not a.is_set() for a in self.answered)} streams had no response in {timeout} s")
+
+    def join(self, timeout: float) -> list:
+        for thread in self.threads:
+            thread.join(timeout=timeout)
+        return self.results
 
 
 def reload(server: TritonServer) -> None:
@@ -177,19 +194,17 @@ def test_a_queue_delay_takes_requests_arriving_close_together_in_on_one_engine_s
 
 
 def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
-    limit = long_sampling(scratch)["max_tokens"]
-    results, threads = start_long_streams(scratch, 3)
-    wait_for_engine_tokens(scratch, 3)
+    streams = LongStreams(scratch, 3)
+    streams.wait_until_answered()
     started = time.monotonic()
     assert post(f"http://{scratch.http_url}/v2/repository/models/vllm_model/unload") == 200
     while model_state(scratch) not in ("UNAVAILABLE", "") and time.monotonic() - started < 60:
         time.sleep(0.5)
     unloaded_after = time.monotonic() - started
-    for thread in threads:
-        thread.join(timeout=60)
+    results = streams.join(timeout=60)
     assert unloaded_after < 30, f"unload took {unloaded_after:.0f} s"
     assert model_state(scratch) == "UNAVAILABLE"
-    assert len(results) == 3 and all(sum(r.tokens) < limit for r in results)  # cut short, each stream closed
+    assert len(results) == 3 and all(sum(r.tokens) < streams.limit for r in results)  # cut short, each stream closed
     assert all(r.error is not None and "being unloaded" in r.error for r in results), [r.error for r in results]
     reload(scratch)
     status, body = generate(scratch.http_url, {"text_input": "The capital of France is", "temperature": 0, "max_tokens": 8})
@@ -197,15 +212,14 @@ def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
 
 
 def test_dead_engine_fails_fast_and_the_model_reports_not_ready(scratch):
-    results, threads = start_long_streams(scratch, 2)
-    wait_for_engine_tokens(scratch, 2)
+    streams = LongStreams(scratch, 2)
+    streams.wait_until_answered()
     engines = engine_processes(scratch)
     assert engines, "no EngineCore process found under the server"
     killed_at = time.monotonic()
     for proc in engines:
         proc.kill()
-    for thread in threads:
-        thread.join(timeout=30)
+    results = streams.join(timeout=30)
     assert time.monotonic() - killed_at < 15
     assert len(results) == 2
     assert all(r.error is not None and "engine died" in r.error for r in results), [r.error for r in results]
@@ -224,15 +238,14 @@ def test_a_sigterm_with_streams_in_flight_leaves_nothing_behind(scratch):
     """Triton's own shutdown, as `docker stop`, systemd or Ctrl-C start it (no unload first, unlike
     TritonServer.stop, which every fixture's teardown runs). Asked through the stub, the backend's readiness
     question crashed the stub, and Triton never exited; over HTTP the streams stop and the model unloads."""
-    results, threads = start_long_streams(scratch, 3)
-    wait_for_engine_tokens(scratch, 3)
+    streams = LongStreams(scratch, 3)
+    streams.wait_until_answered()
     family = [psutil.Process(scratch.process.pid), *psutil.Process(scratch.process.pid).children(recursive=True)]
     started = time.monotonic()
     scratch.process.send_signal(signal.SIGTERM)
     code = scratch.process.wait(timeout=90)
     stopped_after = time.monotonic() - started
-    for thread in threads:
-        thread.join(timeout=30)
+    results = streams.join(timeout=30)
     log = scratch.log_path.read_text(errors="replace")
     assert stopped_after < 15, f"shutdown took {stopped_after:.0f} s"
     assert code == 0 and "Segfault" not in log and "successfully unloaded 'vllm_model'" in log
@@ -260,8 +273,8 @@ def test_a_killed_server_leaves_no_engine_behind(tmp_path):
     server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
     server.start().wait_ready(timeout=900, progress=False)
     try:
-        results, threads = start_long_streams(server, 2)
-        wait_for_engine_tokens(server, 2)
+        streams = LongStreams(server, 2)
+        streams.wait_until_answered()
         left = psutil.Process(server.process.pid).children(recursive=True)
         assert engine_processes(server) and left
         server.process.kill()
@@ -270,8 +283,7 @@ def test_a_killed_server_leaves_no_engine_behind(tmp_path):
             time.sleep(0.5)
         assert still_running(left) == []
         assert "is gone: stopping the engine and this stub" in server.log_path.read_text(errors="replace")
-        for thread in threads:
-            thread.join(timeout=30)
+        results = streams.join(timeout=30)
         assert len(results) == 2 and all(r.error is not None for r in results)
     finally:
         server.stop()
