@@ -289,6 +289,32 @@ def test_a_killed_server_leaves_no_engine_behind(tmp_path):
         server.stop()
 
 
+def test_a_killed_server_whose_stub_cannot_run_leaves_nothing_behind(tmp_path):
+    """Now and then a stub left by a killed Triton never runs Python again (a call into its IPC blocks on the dead
+    server: 4 in 28 kills here), so its own watcher cannot stop the engine. Stopped with SIGSTOP,
+    the stub is that case every time: ENGINE_STOP_WAIT_S after Triton's death its watchdog kills it, the engine,
+    the engine's workers and multiprocessing's helpers (without it, all of them stayed)."""
+    repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
+    server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
+    server.start().wait_ready(timeout=900, progress=False)
+    try:
+        streams = LongStreams(server, 2)
+        streams.wait_until_answered()
+        left = psutil.Process(server.process.pid).children(recursive=True)
+        stub = next(p for p in left if "triton_python_backend_stub" in p.name())
+        assert engine_processes(server) and len(left) >= 4  # the stub, its watchdog, the engine, a worker or helper
+        stub.suspend()
+        server.process.kill()
+        killed_at = time.monotonic()
+        while still_running(left) and time.monotonic() - killed_at < 30:
+            time.sleep(0.5)
+        assert still_running(left) == [] and time.monotonic() - killed_at < 15
+        assert "watchdog: the stub" in server.log_path.read_text(errors="replace")
+        streams.join(timeout=30)
+    finally:
+        server.stop()
+
+
 def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
     """Triton binds its ports only once the model is loaded; when one is taken by then it exits, and its stub
     and vLLM's engine, re-parented away from it, must not stay behind (both did, in CI on 2026-12-03)."""
