@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import signal
@@ -10,6 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -266,9 +268,10 @@ def still_running(processes: list[psutil.Process]) -> list[str]:
     return names
 
 
-def test_a_killed_server_leaves_no_engine_behind(tmp_path):
-    """Triton killed (or crashed) with streams in flight: its stub, re-parented away, stops vLLM's engine and
-    exits (both stayed for as long as anyone looked, holding their memory; a GPU's, on a GPU)."""
+@contextlib.contextmanager
+def killed_with_streams_in_flight(tmp_path: Path, suspend_stub: bool = False) -> Iterator[tuple[TritonServer, list[psutil.Process], float]]:
+    """A server of the test's own killed with two streams in flight (its stub stopped first, if asked): the
+    server, every process that was below Triton, and how long they took to be gone (up to 30 s)."""
     repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
     server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
     server.start().wait_ready(timeout=900, progress=False)
@@ -276,43 +279,36 @@ def test_a_killed_server_leaves_no_engine_behind(tmp_path):
         streams = LongStreams(server, 2)
         streams.wait_until_answered()
         left = psutil.Process(server.process.pid).children(recursive=True)
-        assert engine_processes(server) and left
+        assert engine_processes(server) and len(left) >= 3  # the stub, its watchdog, the engine (and its workers, helpers)
+        if suspend_stub:
+            next(p for p in left if "triton_python_backend_stub" in p.name()).suspend()
         server.process.kill()
-        deadline = time.monotonic() + 20
-        while still_running(left) and time.monotonic() < deadline:
+        killed_at = time.monotonic()
+        while still_running(left) and time.monotonic() - killed_at < 30:
             time.sleep(0.5)
-        assert still_running(left) == []
-        assert "is gone: stopping the engine and this stub" in server.log_path.read_text(errors="replace")
+        yield server, left, time.monotonic() - killed_at
         results = streams.join(timeout=30)
         assert len(results) == 2 and all(r.error is not None for r in results)
     finally:
         server.stop()
 
 
+def test_a_killed_server_leaves_no_engine_behind(tmp_path):
+    """Triton killed (or crashed) with streams in flight: its stub, re-parented away, stops vLLM's engine and
+    exits (both stayed for as long as anyone looked, holding their memory; a GPU's, on a GPU)."""
+    with killed_with_streams_in_flight(tmp_path) as (server, left, gone_after):
+        assert still_running(left) == [] and gone_after < 20
+        assert "is gone: stopping the engine and this stub" in server.log_path.read_text(errors="replace")
+
+
 def test_a_killed_server_whose_stub_cannot_run_leaves_nothing_behind(tmp_path):
     """Now and then a stub left by a killed Triton never runs Python again (a call into its IPC blocks on the dead
-    server: 4 in 28 kills here), so its own watcher cannot stop the engine. Stopped with SIGSTOP,
-    the stub is that case every time: ENGINE_STOP_WAIT_S after Triton's death its watchdog kills it, the engine,
-    the engine's workers and multiprocessing's helpers (without it, all of them stayed)."""
-    repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
-    server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
-    server.start().wait_ready(timeout=900, progress=False)
-    try:
-        streams = LongStreams(server, 2)
-        streams.wait_until_answered()
-        left = psutil.Process(server.process.pid).children(recursive=True)
-        stub = next(p for p in left if "triton_python_backend_stub" in p.name())
-        assert engine_processes(server) and len(left) >= 4  # the stub, its watchdog, the engine, a worker or helper
-        stub.suspend()
-        server.process.kill()
-        killed_at = time.monotonic()
-        while still_running(left) and time.monotonic() - killed_at < 30:
-            time.sleep(0.5)
-        assert still_running(left) == [] and time.monotonic() - killed_at < 15
+    server: 4 in 28 kills here), so its own watcher cannot stop the engine. Stopped with SIGSTOP, the stub is that
+    case every time: ENGINE_STOP_WAIT_S (10 s) after Triton's death its watchdog kills it, the engine, the engine's
+    workers and multiprocessing's helpers (without it, all of them stayed)."""
+    with killed_with_streams_in_flight(tmp_path, suspend_stub=True) as (server, left, gone_after):
+        assert still_running(left) == [] and gone_after < 15
         assert "watchdog: the stub" in server.log_path.read_text(errors="replace")
-        streams.join(timeout=30)
-    finally:
-        server.stop()
 
 
 def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
