@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psutil
 import pytest
@@ -269,26 +269,27 @@ def still_running(processes: list[psutil.Process]) -> list[str]:
 
 
 @contextlib.contextmanager
-def killed_with_streams_in_flight(tmp_path: Path, suspend_stub: bool = False) -> Iterator[tuple[TritonServer, list[psutil.Process], float]]:
-    """A server of the test's own killed with two streams in flight (its stub stopped first, if asked): the
-    server, every process that was below Triton, and how long they took to be gone (up to 30 s)."""
+def killed_with_streams_in_flight(
+    tmp_path: Path, kill: Callable[[TritonServer, psutil.Process], None]
+) -> Iterator[tuple[TritonServer, list[psutil.Process], float, LongStreams]]:
+    """A server of the test's own, ``kill``ed (Triton, its stub, or both) with two streams in flight: the server,
+    the stub and every process below it, how long they took to be gone (up to 30 s), and the streams."""
     repository = prepare_run_repository(tmp_path / "model_repository", log=lambda _: None)
     server = TritonServer(repository, run_dir=tmp_path / "run", free_ports=True)
     server.start().wait_ready(timeout=900, progress=False)
     try:
         streams = LongStreams(server, 2)
         streams.wait_until_answered()
-        left = psutil.Process(server.process.pid).children(recursive=True)
+        stub = next(p for p in psutil.Process(server.process.pid).children() if "triton_python_backend_stub" in p.name())
+        left = [stub, *stub.children(recursive=True)]
         assert engine_processes(server) and len(left) >= 3  # the stub, its watchdog, the engine (and its workers, helpers)
-        if suspend_stub:
-            next(p for p in left if "triton_python_backend_stub" in p.name()).suspend()
-        server.process.kill()
+        kill(server, stub)
         killed_at = time.monotonic()
         while still_running(left) and time.monotonic() - killed_at < 30:
             time.sleep(0.5)
-        yield server, left, time.monotonic() - killed_at
+        yield server, left, time.monotonic() - killed_at, streams
         results = streams.join(timeout=30)
-        assert len(results) == 2 and all(r.error is not None for r in results)
+        assert len(results) == 2 and all(r.error is not None for r in results), results  # none left hanging
     finally:
         server.stop()
 
@@ -296,7 +297,7 @@ def killed_with_streams_in_flight(tmp_path: Path, suspend_stub: bool = False) ->
 def test_a_killed_server_leaves_no_engine_behind(tmp_path):
     """Triton killed (or crashed) with streams in flight: its stub, re-parented away, stops vLLM's engine and
     exits (both stayed for as long as anyone looked, holding their memory; a GPU's, on a GPU)."""
-    with killed_with_streams_in_flight(tmp_path) as (server, left, gone_after):
+    with killed_with_streams_in_flight(tmp_path, lambda server, stub: server.process.kill()) as (server, left, gone_after, _):
         assert still_running(left) == [] and gone_after < 20
         assert "is gone: stopping the engine and this stub" in server.log_path.read_text(errors="replace")
 
@@ -306,9 +307,24 @@ def test_a_killed_server_whose_stub_cannot_run_leaves_nothing_behind(tmp_path):
     server: 4 in 28 kills here), so its own watcher cannot stop the engine. Stopped with SIGSTOP, the stub is that
     case every time: ENGINE_STOP_WAIT_S (10 s) after Triton's death its watchdog kills it, the engine, the engine's
     workers and multiprocessing's helpers (without it, all of them stayed)."""
-    with killed_with_streams_in_flight(tmp_path, suspend_stub=True) as (server, left, gone_after):
+    def stop_stub_then_kill_triton(server: TritonServer, stub: psutil.Process) -> None:
+        stub.suspend()
+        server.process.kill()
+
+    with killed_with_streams_in_flight(tmp_path, stop_stub_then_kill_triton) as (server, left, gone_after, _):
         assert still_running(left) == [] and gone_after < 15
-        assert "watchdog: the stub" in server.log_path.read_text(errors="replace")
+        assert "[vllm] watchdog:" in server.log_path.read_text(errors="replace")
+
+
+def test_a_killed_stub_leaves_no_engine_behind(tmp_path):
+    """A stub killed (the OOM killer) or crashed: its engine and workers, re-parented, ran on for 40 minutes;
+    its watchdog kills them 10 s later. Triton 2.51 itself sends the dead stub's streams nothing and cannot
+    unload the model (its unload waits until the exit timeout): only a new server serves it again."""
+    with killed_with_streams_in_flight(tmp_path, lambda server, stub: stub.kill()) as (server, left, gone_after, streams):
+        assert still_running(left) == [] and gone_after < 15
+        assert "[vllm] watchdog:" in server.log_path.read_text(errors="replace")
+        assert server.process.poll() is None and streams.results == []  # Triton runs on; the streams wait
+        server.process.kill()  # what ends them
 
 
 def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
