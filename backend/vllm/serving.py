@@ -101,7 +101,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.25
 HEALTH_POLL_S = 0.5
 READY_WAIT_S = 2.0
-ENGINE_STOP_WAIT_S = 10.0  # a stub left by a dead Triton is killed (watchdog.py) after this if it has not exited
+ENGINE_STOP_WAIT_S = 10.0  # after Triton's death or the stub's, watchdog.py kills what is left of the stub and its engine
 UNLOADING = "the model is being unloaded"
 
 
@@ -402,7 +402,7 @@ class VllmModel:
         scheduler = self.engine.vllm_config.scheduler_config
         self._on_loop(self._start_watchers(), timeout=30)
         threading.Thread(target=self._leave_with_triton, name="triton-watch", daemon=True).start()
-        self._watchdog = start_watchdog(self._triton_pid, ENGINE_STOP_WAIT_S)  # for when that thread cannot run
+        self._watchdog = start_watchdog(self._triton_pid, ENGINE_STOP_WAIT_S)  # when that thread cannot, or the stub dies
         freeze_startup_heap()
         self.logger.log_info(
             f"[vllm] {self.model_name} ready: model={engine_args.model} max_model_len={self.max_model_len} "
@@ -712,7 +712,7 @@ class VllmModel:
         and exit: the stub does not notice on its own, and it and the engine's processes stayed for as long as
         anyone looked, holding their memory (a GPU's, on a GPU). Not on the event loop: a response being
         sent to a dead Triton blocks it for good. When this thread cannot finish in ENGINE_STOP_WAIT_S (the
-        engine's shutdown hangs, or a blocked IPC call holds the GIL), ``watchdog.py`` kills the stub and its
+        engine's shutdown hangs, or a blocked IPC call stops every Python thread here), ``watchdog.py`` kills the stub and its
         engine. Triton's logger is gone with Triton; stderr is its log file."""
         while os.getppid() == self._triton_pid:
             time.sleep(HEALTH_POLL_S)
