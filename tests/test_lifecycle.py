@@ -304,7 +304,7 @@ def test_a_killed_server_leaves_no_engine_behind(tmp_path):
 
 def test_a_killed_server_whose_stub_cannot_run_leaves_nothing_behind(tmp_path):
     """Now and then a stub left by a killed Triton never runs Python again (a call into its IPC blocks on the dead
-    server: 9 in 54 kills here), so its own watcher cannot stop the engine. Stopped with SIGSTOP, the stub is that
+    server: 6 in 38 kills here), so its own watcher cannot stop the engine. Stopped with SIGSTOP, the stub is that
     case every time: ENGINE_STOP_WAIT_S (10 s) after Triton's death its watchdog kills it, the engine, the engine's
     workers and multiprocessing's helpers (without it, all of them stayed)."""
     def stop_stub_then_kill_triton(server: TritonServer, stub: psutil.Process) -> None:

@@ -2,7 +2,7 @@
 
 When Triton is killed with streams in flight, the stub's own watcher (``VllmModel._leave_with_triton``) stops
 vLLM's engine and exits. Now and then it cannot: a call into the stub's IPC blocks for good on the dead
-server and no Python thread of the stub runs again, a timer's ``os._exit`` included (9 in 54 kills on 2 CPU
+server and no Python thread of the stub runs again, a timer's ``os._exit`` included (6 in 38 kills on 2 CPU
 cores, 2026-12-07; py-spy 15 s after the kill: the 10 s timer still waiting, the cancellation poller blocked
 inside ``is_cancelled``). And a stub that dies (killed, crashed) leaves vLLM's engine and workers running:
 a stub killed by hand left them at 60 % of a core each for 40 minutes. So this watchdog kills, after a grace,
