@@ -80,14 +80,14 @@ def still_running_after(fds: dict[int, int], wait_s: float) -> dict[int, int]:
     return running
 
 
-def watch(triton_pid: int, stub_pid: int, grace_s: float, started: list[int]) -> int:
+def watch(triton_pid: int, stub_pid: int, grace_s: float, started: list[int]) -> None:
     """Wait until the stub or Triton ends. An unload stops the engine before the stub exits: nothing is left.
     A stub that died (killed, crashed) leaves its engine running; a stub whose Triton died stops its engine
-    and exits, or hangs. Whatever of them is left ``grace_s`` later is killed; returns how many processes.
+    and exits, or hangs. Whatever of them is left ``grace_s`` later is killed.
     Triton may already be gone when this starts (the stub is then no longer its child): the grace starts."""
     stub = pidfds([stub_pid])
     if not stub:
-        return 0
+        return
     engine = pidfds(started)  # vLLM's engine, its workers, multiprocessing's helpers: started before this
     poller = select.poll()
     poller.register(stub[stub_pid], select.POLLIN)
@@ -107,7 +107,6 @@ def watch(triton_pid: int, stub_pid: int, grace_s: float, started: list[int]) ->
         for fd in left.values():
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
-    return len(left)
 
 
 if __name__ == "__main__":
