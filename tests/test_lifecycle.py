@@ -146,11 +146,15 @@ def steps_over(values: dict[str, float], tokens: int) -> float:
     return metric(values, "vllm:iteration_tokens_total_count") - within
 
 
-def test_a_queue_delay_takes_requests_arriving_close_together_in_on_one_engine_step(scratch):
+def test_a_queue_delay_sends_requests_arriving_close_together_to_the_engine_together(scratch):
     """config.pbtxt's ``max_queue_delay_microseconds`` (the scratch server's: 1 s, quiet 0.3 s): four requests that
-    arrive 0.1 s apart while another streams are held until arrivals stop, then reach the engine together: one engine
-    step computes all four prompts (32-42 tokens each, distinct, so no prefix is cached: over 128 tokens, which no
-    three of them reach), and each request still gets exactly its tokens."""
+    arrive 0.1 s apart while another streams are held until arrivals stop, then reach the engine together, and each
+    request still gets exactly its tokens. Their prompts (32-42 tokens each, distinct, so no prefix is cached) then
+    share engine steps: a step of over 64 tokens computes two or more of them, where without the delay each would
+    have a step of its own (at most 43 tokens with the other stream's decode). All four in one step (over 128
+    tokens) is the rule on a CPU but not on a GPU: the backend hands them to vLLM one after the other in one turn of
+    its loop (each tokenized on the way), and an H100's engine, stepping every few milliseconds, took them in over
+    more than one step in 2 of 5 runs (2026-12-07)."""
     import queue
 
     import tritonclient.grpc as grpcclient
@@ -187,12 +191,14 @@ def test_a_queue_delay_takes_requests_arriving_close_together_in_on_one_engine_s
         client.close()
     assert all(status == 200 for status, _ in replies.values()) and len(replies) == 4, replies
     prompt_tokens = [body["num_input_tokens"] for _, body in replies.values()]
-    assert all(32 <= n <= 42 for n in prompt_tokens), prompt_tokens  # four exceed 128 tokens with a decode, three do not
+    assert all(32 <= n <= 42 for n in prompt_tokens), prompt_tokens  # two exceed 64 tokens, one with a decode does not
     assert all(body["num_output_tokens"] == 4 for _, body in replies.values())
     deadline = time.monotonic() + 5
-    while steps_over(metrics(scratch.metrics_url), 128) - steps_over(before, 128) < 1 and time.monotonic() < deadline:
+    while steps_over(metrics(scratch.metrics_url), 64) - steps_over(before, 64) < 1 and time.monotonic() < deadline:
         time.sleep(0.5)  # the backend publishes vLLM's histograms once a second
-    assert steps_over(metrics(scratch.metrics_url), 128) - steps_over(before, 128) == 1
+    after = metrics(scratch.metrics_url)
+    shared = steps_over(after, 64) - steps_over(before, 64)
+    assert 1 <= shared <= 2, (shared, steps_over(after, 128) - steps_over(before, 128))
 
 
 def test_unload_with_streams_in_flight_finishes_within_bound(scratch):
