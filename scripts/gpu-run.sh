@@ -11,8 +11,9 @@
 #              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it);
 #              `tests PATH...` runs those paths only: on 2026-12-04 a slower H200 ran past 560 s with the whole suite, so
-#              split it over two calls: on an H100 on 2026-12-06 `tests tests/test_[a-c]*.py` took 270 s (108 tests, after
-#              `setup` in the same call), `tests tests/test_[d-z]*.py` 324 s (139)
+#              split it over three calls: on an H100 on 2026-12-07 `tests/test_[a-c]*.py` (128 tests) took over 335 s,
+#              `tests/test_lifecycle.py` 257 s, `tests/test_[m-z]*.py` 64 s after a 23 s start (`tests/test_[d-k]*.py
+#              tests/test_lora.py tests/test_[m-z]*.py` fits a call; `tests/test_[d-z]*.py` did not, in 330 s)
 #   notebooks  `make serve` (a second start: compile caches warm), pytest --nbmake notebooks/ (full parameters)
 #              on that server, then `make stop`
 #   ab         backends side by side in one run: this tree's (`main`) and each one carried as .gpu/ab/NAME/vllm (a changed copy),
