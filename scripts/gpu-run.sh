@@ -12,8 +12,8 @@
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it);
 #              `tests PATH...` runs those paths only: on 2026-12-04 a slower H200 ran past 560 s with the whole suite, so
 #              split it over three calls: on an H100 on 2026-12-07 `tests/test_[a-c]*.py` (128 tests) took over 335 s,
-#              `tests/test_lifecycle.py` 257 s, `tests/test_[m-z]*.py` 64 s after a 23 s start (`tests/test_[d-k]*.py
-#              tests/test_lora.py tests/test_[m-z]*.py` fits a call; `tests/test_[d-z]*.py` did not, in 330 s)
+#              `tests/test_lifecycle.py` 257 s, `tests/test_[m-z]*.py` 64 s after a 23 s start; `tests/test_[d-z]*.py`
+#              ran past 330 s (the rest, `tests/test_[d-k]*.py tests/test_lora.py`, not yet timed on its own)
 #   notebooks  `make serve` (a second start: compile caches warm), pytest --nbmake notebooks/ (full parameters)
 #              on that server, then `make stop`
 #   ab         backends side by side in one run: this tree's (`main`) and each one carried as .gpu/ab/NAME/vllm (a changed copy),
