@@ -261,6 +261,60 @@ def test_timeout_ends_the_request_on_both_sides(triton):
     assert _wait_for_running(triton, lambda n: n == 0), "the server kept generating after the deadline"
 
 
+# ---- streams kept open (StreamPool: utils.bench's gRPC load) ------------------------------------------------------
+def _with_pool(triton, scenario):
+    """Run ``scenario(pool)`` on a fresh StreamPool; returns its result and how many streams the pool opened."""
+
+    async def run():
+        async with client.grpcclient.InferenceServerClient(triton.grpc_url) as grpc_client:
+            async with client.StreamPool(grpc_client, triton.grpc_url) as pool:
+                outcome = await scenario(pool)
+            return outcome, pool.opened
+
+    return asyncio.run(run())
+
+
+def test_a_stream_pool_reuses_open_streams_and_survives_a_refused_request(triton):
+    async def scenario(pool):
+        one_by_one = [await pool.stream_one(PROMPT, sampling=GREEDY, request_id=str(i)) for i in range(3)]
+        refused = await pool.stream_one(PROMPT, sampling={"max_tokenz": 4})
+        after = await pool.stream_one(PROMPT, sampling=GREEDY)
+        together = await asyncio.gather(*(pool.stream_one(PROMPT, sampling=GREEDY) for _ in range(3)))
+        again = await asyncio.gather(*(pool.stream_one(PROMPT, sampling=GREEDY) for _ in range(3)))
+        return one_by_one + [after] + together + again, refused
+
+    (good, refused), opened = _with_pool(triton, scenario)
+    assert opened == 3  # one stream for the sequential requests, then as many as ran at once
+    alone = client.run_many([PROMPT], url=triton.grpc_url, sampling=GREEDY)[0]  # a stream of its own
+    assert all(r.ok and r.output_tokens == 8 and r.finish_reason == "length" for r in good)
+    assert {r.text for r in good} == {alone.text}
+    assert all(len(r.arrival_times) == len(r.chunks) > 1 and r.ttft > 0 for r in good)
+    assert refused.finish_reason == "error" and "max_tokenz" in str(refused.error) and not refused.chunks
+
+
+def test_a_cancelled_request_on_an_open_stream_is_aborted_and_the_pool_goes_on(triton):
+    endless = {"max_tokens": 1000, "ignore_eos": True}
+
+    async def scenario(pool):
+        long_task = asyncio.create_task(pool.stream_one("Tell me a long story.", sampling=endless))
+        running = await asyncio.to_thread(_wait_for_running, triton, lambda n: n >= 1)
+        long_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long_task
+        aborted = await asyncio.to_thread(_wait_for_running, triton, lambda n: n == 0)
+        timed_out = await pool.stream_one(PROMPT, sampling=endless, timeout=1.0)
+        stopped = await asyncio.to_thread(_wait_for_running, triton, lambda n: n == 0)
+        after = await pool.stream_one(PROMPT, sampling=GREEDY)
+        return running, aborted, timed_out, stopped, after
+
+    (running, aborted, timed_out, stopped, after), opened = _with_pool(triton, scenario)
+    assert running and aborted, "the server kept generating for the cancelled request"
+    assert timed_out.finish_reason == "timeout" and isinstance(timed_out.error, client.RequestTimeout)
+    assert 0 < timed_out.output_tokens < 1000 and stopped, "the server kept generating after the timeout"
+    assert after.ok and after.output_tokens == 8
+    assert opened == 3  # each cancelled call closed its stream
+
+
 # ---- the sample client's command line --------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(

@@ -2,11 +2,15 @@
 
 Four targets get the same prompts and the same sampling (greedy, ``ignore_eos``, a fixed ``max_tokens``):
 
-- ``triton-grpc``: Triton + ``backend/vllm`` through `utils.client` (tritonclient's asyncio gRPC client), one
-  stream per request;
+- ``triton-grpc``: Triton + ``backend/vllm`` through `utils.client` (tritonclient's asyncio gRPC client),
+  streams kept open: a client's requests follow one another on one stream, as HTTP clients keep their
+  connections alive;
 - ``triton-http``: the same server through ``POST /v2/models/vllm_model/generate_stream`` (server-sent events);
 - ``vllm-openai``: vLLM's own OpenAI-compatible server, streaming ``/v1/completions``;
 - ``direct``: vLLM's ``AsyncLLM`` in the load generator's process: no server, no network (the ceiling).
+
+A fifth, ``triton-grpc-per-request``, sends each gRPC request on a stream of its own (as notebook 04 does),
+to show what setting a stream up costs.
 
 Loads are closed loop (N clients, each sending its next request when the previous one ends) and open
 loop (Poisson arrivals at a request rate). Only one target's server or engine runs at a time. Clients
@@ -60,9 +64,13 @@ from utils import paths
 from utils.repository import DEFAULT_MODEL_NAME, has_gpu, read_engine_args, runnable_engine_args
 from utils.server import ServerHandle, TritonServer, engine_environment, free_port, shared_server, stop_process_tree
 
-TARGETS = ("triton-grpc", "triton-http", "vllm-openai", "direct")
+TARGETS = ("triton-grpc", "triton-http", "vllm-openai", "direct")  # the four every run of record holds
+EXTRA_TARGETS = ("triton-grpc-per-request",)
 RECORDED_RUNS = paths.PROJECT_ROOT / "notebooks" / "results"  # the runs of record, one folder per GPU
-SERVING = {"triton-grpc": "triton", "triton-http": "triton", "vllm-openai": "vllm-openai", "direct": "direct"}
+SERVING = {
+    "triton-grpc": "triton", "triton-http": "triton", "vllm-openai": "vllm-openai", "direct": "direct",
+    "triton-grpc-per-request": "triton",
+}  # fmt: skip
 SUMMARY_COLUMNS = [
     "target", "concurrency", "request_rate", "requests", "duration_s", "requests_per_s", "output_tokens_per_s",
     "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
@@ -382,18 +390,31 @@ class Endpoint:
     model: str = DEFAULT_MODEL_NAME
 
 
-async def triton_grpc_request(client, endpoint: Endpoint, sampling: dict, prompt: str, stream: Stream) -> None:
-    """One ``stream_infer`` call per request, through `utils.client.stream_one`: it asks for finish reasons
-    (the aio client cannot ask for Triton's empty final response, so the response with a finish reason is
-    the last one) and token counts, and records each response's arrival."""
-    result = await triton_client.stream_one(
-        client, prompt, model=endpoint.model, sampling=sampling, exclude_input=True, request_id=str(stream.index),
-        url=endpoint.address,
-    )  # fmt: skip
+def _record_grpc_result(result: triton_client.StreamResult, stream: Stream) -> None:
     if result.error is not None:
         raise result.error
     for arrival, tokens in zip(result.arrival_times, result.tokens_per_chunk):
         stream.add(arrival - result.start, tokens)
+
+
+async def triton_grpc_request(pool, endpoint: Endpoint, sampling: dict, prompt: str, stream: Stream) -> None:
+    """A request on an open ``stream_infer`` call of the worker's `utils.client.StreamPool` (a closed-loop
+    client's requests share one stream, as HTTP clients keep their connections): it asks for finish reasons
+    (the aio client cannot ask for Triton's empty final response, so the response with a finish reason is
+    the last one) and token counts, and records each response's arrival."""
+    result = await pool.stream_one(prompt, model=endpoint.model, sampling=sampling, exclude_input=True,
+                                   request_id=str(stream.index))
+    _record_grpc_result(result, stream)
+
+
+async def triton_grpc_call_per_request(client, endpoint: Endpoint, sampling: dict, prompt: str, stream: Stream) -> None:
+    """``triton-grpc-per-request``: each request on a ``stream_infer`` call of its own (`utils.client.stream_one`,
+    as notebook 04 and the issue's prototype measurements send them), to show what a stream's set-up costs."""
+    result = await triton_client.stream_one(
+        client, prompt, model=endpoint.model, sampling=sampling, exclude_input=True, request_id=str(stream.index),
+        url=endpoint.address,
+    )  # fmt: skip
+    _record_grpc_result(result, stream)
 
 
 async def server_sent_events(response) -> AsyncIterator[dict]:
@@ -462,12 +483,16 @@ async def direct_request(engine, sampling: dict, prompt: str, stream: Stream) ->
 async def open_sender(endpoint: Endpoint, max_tokens: int, engine=None):
     """A ``send(prompt, stream)`` for the endpoint, with its client (one per worker) open around it."""
     sampling = sampling_parameters(max_tokens)
-    if endpoint.target == "triton-grpc":
+    if endpoint.target.startswith("triton-grpc"):
         import tritonclient.grpc.aio as grpcclient
 
         async with grpcclient.InferenceServerClient(endpoint.address) as client:
             await triton_client.check_model(client, endpoint.model, endpoint.address)  # explained, before any load
-            yield functools.partial(triton_grpc_request, client, endpoint, sampling)
+            if endpoint.target == "triton-grpc-per-request":
+                yield functools.partial(triton_grpc_call_per_request, client, endpoint, sampling)
+                return
+            async with triton_client.StreamPool(client, endpoint.address) as pool:
+                yield functools.partial(triton_grpc_request, pool, endpoint, sampling)
     elif endpoint.target in ("triton-http", "vllm-openai"):
         import aiohttp
 
@@ -483,7 +508,7 @@ async def open_sender(endpoint: Endpoint, max_tokens: int, engine=None):
     elif endpoint.target == "direct":
         yield functools.partial(direct_request, engine, sampling)
     else:
-        raise BenchmarkError(f"unknown target {endpoint.target!r}; known: {', '.join(TARGETS)}")
+        raise BenchmarkError(f"unknown target {endpoint.target!r}; known: {', '.join(TARGETS + EXTRA_TARGETS)}")
 
 
 # ---- load generation, inside a worker ---------------------------------------------------------------------
@@ -1185,12 +1210,13 @@ def server_counters(endpoint: Endpoint) -> dict[str, int] | None:
     long taking one took."""
     if not endpoint.target.startswith("triton-"):
         return None
-    if endpoint.target == "triton-grpc":
+    grpc = endpoint.target.startswith("triton-grpc")
+    if grpc:
         import tritonclient.grpc as client_module
     else:
         import tritonclient.http as client_module
     with contextlib.closing(client_module.InferenceServerClient(endpoint.address)) as client:
-        kwargs = {"as_json": True} if endpoint.target == "triton-grpc" else {}
+        kwargs = {"as_json": True} if grpc else {}
         stats = client.get_inference_statistics(endpoint.model, **kwargs)["model_stats"][0]["inference_stats"]
     # gRPC's JSON spells 64-bit integers as strings and leaves out zeros
     return {f"{key}.{unit}": int(stats.get(key, {}).get(unit, 0)) for key in ("queue", "compute_infer") for unit in ("count", "ns")}
@@ -1548,7 +1574,8 @@ def serving(
     process's pid (None for direct, whose engine runs in the load worker, and for a Triton on another machine)."""
     if kind == "triton":
         with serving_triton(triton, settings, run_dir, progress, triton_instances, vllm_backend) as handle:
-            addresses = {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url}
+            addresses = {"triton-grpc": handle.grpc_url, "triton-http": handle.http_url,
+                         "triton-grpc-per-request": handle.grpc_url}
             yield addresses, dict.fromkeys(addresses, handle.metrics_url), local_triton_pid(handle)
     elif kind == "vllm-openai":
         with VllmServer(settings, run_dir) as server:
@@ -1583,9 +1610,9 @@ def group_targets(targets: Sequence[str], triton_backends: Sequence[str] = ()) -
     """Targets by what serves them, in the order given: triton-grpc and triton-http share one server. With
     ``triton_backends`` (names), each backend gets a Triton of its own, the group ``triton@NAME``, whose targets
     are labelled ``target@NAME`` in the results."""
-    unknown = [t for t in targets if t not in TARGETS]
+    unknown = [t for t in targets if t not in SERVING]
     if unknown:
-        raise ValueError(f"unknown target(s) {unknown}; choose from {', '.join(TARGETS)}")
+        raise ValueError(f"unknown target(s) {unknown}; choose from {', '.join(TARGETS + EXTRA_TARGETS)}")
     groups: dict[str, list[str]] = {}
     for target in dict.fromkeys(targets):
         if SERVING[target] == "triton" and triton_backends:
@@ -1781,7 +1808,7 @@ def _list_of(kind: type) -> Callable[[str], list]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m utils.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=_list_of(str), default=["triton-grpc", "vllm-openai", "direct"],
-                        help=f"comma-separated, from {', '.join(TARGETS)} (default: triton-grpc,vllm-openai,direct)")
+                        help=f"comma-separated, from {', '.join(TARGETS + EXTRA_TARGETS)} (default: triton-grpc,vllm-openai,direct)")
     parser.add_argument("--concurrency", type=_list_of(int), default=[1, 16, 64, 256],
                         help="closed-loop client counts, comma-separated ('' for none; default 1,16,64,256)")
     parser.add_argument("--request-rate", type=_list_of(float), default=[],
