@@ -6,9 +6,10 @@
 # has none of them). A call that runs `ab` or `bench` after other phases exports CALL_START=$(date +%s) and CALL_LIMIT_S (its
 # timeout_s) first: they then end 25 s before the call's limit (`within_call`), and their runs come back even if it is hit.
 #   setup      build /tmp/gpu-env from the kit, print versions and the GPU, `make setup` (bytecode), time vLLM's import, convert the model
-#   bench      the benchmark of record: four targets in one run, all up at once, each level on the four back to back (HTTP first,
-#              then the order rotated at the second repeat), concurrency 1/16/64/256 (BENCH_LEVELS), 128 tokens,
-#              ~100-token prompts, 8 s per level, 2 repeats (the first Triton start on a fresh machine is cold)
+#   bench      the benchmark of record: the four targets and triton-grpc-per-request (BENCH_TARGETS) in one run, all up at
+#              once, each level on every target back to back (HTTP first, then the order rotated at the second repeat),
+#              concurrency 1/16/64/256 (BENCH_LEVELS), 128 tokens, ~100-token prompts, 8 s per level (BENCH_DURATION),
+#              2 repeats (the first Triton start on a fresh machine is cold); four targets at 8 s took 417 s on an H100
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it);
 #              `tests PATH...` runs those paths only: on 2026-12-04 a slower H200 ran past 560 s with the whole suite, so
 #              split it over three calls: on an H100 on 2026-12-07 `tests/test_[a-c]*.py` (128 tests) took over 335 s,
@@ -224,7 +225,7 @@ PY
     make stop PYTHON=$PY >/dev/null 2>&1  # a background server left by the notebooks phase: the benchmark starts its own
     limit=$(within_call "${BENCH_LIMIT_S:-540}")
     sending_measured "$TUTORIAL_HOME/bench" bench & sender=$!
-    timeout -k 20 "$limit" $PY -m utils.bench --targets triton-http,triton-grpc,vllm-openai,direct \
+    timeout -k 20 "$limit" $PY -m utils.bench --targets "${BENCH_TARGETS:-triton-http,triton-grpc,triton-grpc-per-request,vllm-openai,direct}" \
       --concurrency "${BENCH_LEVELS:-1,16,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
       --time-limit $(( limit > 61 ? limit - 60 : 1 )) --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
     kill $sender; rm -f "$OUT/bench-measured".*
