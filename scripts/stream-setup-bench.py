@@ -144,11 +144,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="per method, round and client count")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", default="1,16", help="closed-loop client counts, comma-separated")
+    parser.add_argument("--csv", type=Path, help="also write every round's figures to this CSV")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="echo-") as tmp:
         with TritonServer(write_repository(Path(tmp) / "repository"), run_dir=Path(tmp) / "run", free_ports=True) as server:
             server.wait_ready()
             table = asyncio.run(measure(server, [int(c) for c in args.clients.split(",")], args.seconds, args.rounds))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", None)
     print(table.round(3).to_string(index=False))

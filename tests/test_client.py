@@ -315,6 +315,24 @@ def test_a_cancelled_request_on_an_open_stream_is_aborted_and_the_pool_goes_on(t
     assert opened == 3  # each cancelled call closed its stream
 
 
+def test_the_stream_setup_benchmark_measures_each_way_on_its_own_triton(tmp_path):
+    """scripts/stream-setup-bench.py (the figures behind StreamPool) runs its three clients against a real Triton."""
+    import pandas as pd
+
+    run = subprocess.run(
+        [sys.executable, "scripts/stream-setup-bench.py", "--seconds", "0.5", "--rounds", "1", "--clients", "1,2",
+         "--csv", str(tmp_path / "rounds.csv")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "rounds.csv")
+    assert table.groupby("clients")["method"].apply(set).to_dict() == dict.fromkeys(
+        (1, 2), {"gRPC, a stream per request", "gRPC, streams kept open", "HTTP generate_stream"}
+    )
+    assert (table.drop(columns=["method"]) > 0).all().all()
+    assert "streams kept open" in run.stdout
+
+
 # ---- the sample client's command line --------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(

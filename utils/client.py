@@ -485,12 +485,12 @@ async def stream_one(
 class OpenStream:
     """One ``stream_infer`` call kept open for one request after another, one request in flight at a time.
 
-    Triton sets a gRPC stream up for every call. Measured on 2 cores against a Python model that only
-    answers (4 responses a request, 2026-12-07), a call per request cost 0.2-0.25 ms more of the server's
-    CPU and 0.3-0.4 ms more of the client's than the same request on a stream kept open, which cost what
-    ``generate_stream`` on a kept-alive HTTP connection did (TTFT p50 at 1 client 0.78-0.94 ms against
-    0.44-0.56, HTTP 0.47-0.51). A request that is cancelled or times out cancels the call, which aborts it
-    in the server, and leaves the stream ``closed``.
+    Triton sets a gRPC stream up for every call. Measured with ``scripts/stream-setup-bench.py`` (a Python
+    model that only answers, 1 and 16 clients, 2026-12-07; 2 cores and an H100's host), a call per request
+    cost 0.1-0.35 ms more of Triton's CPU and 0.3-0.6 ms more of the client's than the same request on a
+    stream kept open, and at 1 client TTFT p50 0.86-0.97 ms against 0.44-0.61 (HTTP's ``generate_stream`` on
+    a kept-alive connection 0.42-0.62). A request that is cancelled or times out cancels the call, which
+    aborts it in the server, and leaves the stream ``closed``.
     """
 
     def __init__(self, client: grpcclient.InferenceServerClient, url: str = "") -> None:
