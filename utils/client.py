@@ -390,8 +390,9 @@ class StreamResult:
 
 
 def request_message(
-    prompt: str, model: str, stream: bool, sampling: Mapping[str, Any] | None, exclude_input: bool, request_id: str
-) -> dict:
+    prompt: str, model: str = DEFAULT_MODEL, stream: bool = True, sampling: Mapping[str, Any] | None = None,
+    exclude_input: bool = False, request_id: str = "",
+) -> dict:  # fmt: skip
     """What ``stream_infer``'s request iterator yields for one request."""
     return {"model_name": model, "inputs": build_inputs(prompt, stream, sampling, exclude_input), "request_id": request_id}
 
@@ -556,23 +557,16 @@ class StreamPool:
         self.opened = 0
 
     async def stream_one(
-        self,
-        prompt: str,
-        *,
-        model: str = DEFAULT_MODEL,
-        stream: bool = True,
-        sampling: Mapping[str, Any] | None = None,
-        exclude_input: bool = False,
-        request_id: str = "",
-        timeout: float | None = None,
+        self, prompt: str, *, request_id: str = "", timeout: float | None = None, **options: Any
     ) -> StreamResult:
-        """`stream_one`'s request and result, on an open stream; ``timeout`` bounds the whole request."""
+        """`stream_one`'s request (``options``: its ``model``, ``stream``, ``sampling``, ``exclude_input``) and
+        result, on an open stream; ``timeout`` bounds the whole request."""
         if self._idle:
             open_stream = self._idle.pop()
         else:
             open_stream = OpenStream(self._client, self._url)
             self.opened += 1
-        request = request_message(prompt, model, stream, sampling, exclude_input, request_id)
+        request = request_message(prompt, request_id=request_id, **options)
         try:
             return await open_stream.send(request, StreamResult(prompt, request_id), timeout)
         finally:
