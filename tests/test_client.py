@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import requests
 
 from utils import client
-from utils.server import SHARED_SERVER_ENV, free_port
+from utils.server import SHARED_SERVER_ENV, TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The capital of France is"
@@ -313,6 +314,55 @@ def test_a_cancelled_request_on_an_open_stream_is_aborted_and_the_pool_goes_on(t
     assert 0 < timed_out.output_tokens < 1000 and stopped, "the server kept generating after the timeout"
     assert after.ok and after.output_tokens == 8
     assert opened == 3  # each cancelled call closed its stream
+
+
+def _stream_setup_bench():
+    """scripts/stream-setup-bench.py as a module: its model that only answers makes a Triton that starts in seconds."""
+    spec = importlib.util.spec_from_file_location("stream_setup_bench", ROOT / "scripts" / "stream-setup-bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _model_state(server: TritonServer, model: str) -> str:
+    index = json.loads(requests.post(f"http://{server.http_url}/v2/repository/index", timeout=10).text)
+    return next(entry.get("state", "") for entry in index if entry["name"] == model)
+
+
+def test_a_closed_stream_pool_lets_the_model_unload_and_a_stopped_server_is_explained(tmp_path):
+    repository = _stream_setup_bench().write_repository(tmp_path / "repository")
+    with TritonServer(repository, run_dir=tmp_path / "run", free_ports=True) as server:
+        server.wait_ready(progress=False)
+
+        async def scenario():
+            async with client.grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+                async with client.StreamPool(grpc_client, server.grpc_url) as pool:
+                    served = await asyncio.gather(*(pool.stream_one("hi", model="echo") for _ in range(2)))
+                unloaded = await asyncio.to_thread(_unloads, server)
+                requests.post(f"http://{server.http_url}/v2/repository/models/echo/load", timeout=60)
+                pool = client.StreamPool(grpc_client, server.grpc_url)
+                await asyncio.gather(*(pool.stream_one("hi", model="echo") for _ in range(2)))
+                server.process.kill()  # the server dies with two idle streams open
+                await asyncio.to_thread(server.process.wait)
+                after = await pool.stream_one("hi", model="echo", timeout=30)
+                await asyncio.wait_for(pool.__aexit__(None, None, None), 30)  # the other stream broke too
+                return served, unloaded, after
+
+        served, unloaded, after = asyncio.run(scenario())
+    assert all(result.ok and result.output_tokens == 4 for result in served)
+    assert unloaded, "the model stayed UNLOADING after the pool closed its streams"
+    assert after.finish_reason == "error" and isinstance(after.error, client.ClientError), after.error
+    assert server.grpc_url in str(after.error) and not after.chunks
+
+
+def _unloads(server: TritonServer, timeout: float = 15) -> bool:
+    requests.post(f"http://{server.http_url}/v2/repository/models/echo/unload", timeout=10)
+    deadline = time.monotonic() + timeout
+    while _model_state(server, "echo") == "UNLOADING":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_the_stream_setup_benchmark_measures_each_way_on_its_own_triton(tmp_path):

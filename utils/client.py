@@ -483,6 +483,9 @@ async def stream_one(
     return result
 
 
+CLOSE_TIMEOUT_S = 10.0  # how long closing an idle stream may take before its call is cancelled
+
+
 class OpenStream:
     """One ``stream_infer`` call kept open for one request after another, one request in flight at a time.
 
@@ -536,19 +539,31 @@ class OpenStream:
         return result
 
     async def aclose(self) -> None:
-        """Half-close the stream and let Triton end the call (no request is in flight: it ends at once)."""
+        """Half-close the stream and let Triton end the call (no request is in flight: it ends at once); a
+        call the server already broke (it stopped) has nothing left to close, one that hangs is cancelled."""
         if self.closed:
             return
         self.closed = True
         self._requests.put_nowait(None)
-        async for _ in self._responses:
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                async for _ in self._responses:
+                    pass
+        except grpc.aio.AioRpcError:
             pass
+        except TimeoutError:
+            self._responses.cancel()
 
 
 class StreamPool:
     """Open streams shared by the requests of one client: a request takes an idle stream (or opens one)
     and gives it back when it ends, so a closed-loop client's requests all travel on one stream, as an
-    HTTP client's travel on one kept-alive connection. ``utils.bench`` sends its gRPC load through one."""
+    HTTP client's travel on one kept-alive connection. ``utils.bench`` sends its gRPC load through one.
+
+    Close it (``async with``) before unloading the model or stopping the server: Triton 2.51 keeps a model
+    UNLOADING while a stream that carried a request to it stays open, even idle (measured: still UNLOADING
+    after 30 s with two idle streams open; unloaded 1.2 s after they closed).
+    """
 
     def __init__(self, client: grpcclient.InferenceServerClient, url: str = "") -> None:
         self._client = client
