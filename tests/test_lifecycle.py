@@ -324,13 +324,20 @@ def test_a_killed_server_whose_stub_cannot_run_leaves_nothing_behind(tmp_path):
 
 def test_a_killed_stub_leaves_no_engine_behind(tmp_path):
     """A stub killed (the OOM killer) or crashed: its engine and workers, re-parented, ran on for 40 minutes;
-    its watchdog kills them 10 s later. Triton 2.51 itself sends the dead stub's streams nothing and cannot
-    unload the model (its unload waits until the exit timeout): only a new server serves it again."""
+    its watchdog kills them 10 s later. Triton 2.51 itself mostly runs on, sends the dead stub's streams nothing
+    and cannot unload the model (its unload waits until the exit timeout): only a new server serves it again. A
+    stub killed while it holds a lock of the memory it shares with Triton takes Triton down with it: Triton's
+    Python backend meets the dead owner's lock, throws `boost::interprocess::lock_exception` and aborts (once in
+    the dozen CI runs of this test by 2026-12-07). Either way nothing of the stub's may stay behind."""
     with killed_with_streams_in_flight(tmp_path, lambda server, stub: stub.kill()) as (server, left, gone_after, streams):
         assert still_running(left) == [] and gone_after < 15
-        assert "[vllm] watchdog:" in server.log_path.read_text(errors="replace")
-        assert server.process.poll() is None and streams.results == []  # Triton runs on; the streams wait
-        server.process.kill()  # what ends them
+        log = server.log_path.read_text(errors="replace")
+        assert "[vllm] watchdog:" in log
+        if server.process.poll() is None:
+            assert streams.results == []  # Triton runs on; the streams wait
+            server.process.kill()  # what ends them
+        else:
+            assert server.process.returncode == -signal.SIGABRT and "boost::interprocess::lock_exception" in log
 
 
 def test_a_server_that_exits_after_loading_leaves_nothing_behind(tmp_path):
