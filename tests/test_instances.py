@@ -1,12 +1,16 @@
 """Two instances of the model in one Triton: each is a vLLM engine in a Python process of its own. Triton
 hands requests to them in turn, each labels its metrics with its instance, each gets the KV cache one alone
-would, and a stop leaves no error behind."""
+would, and a stop leaves no error behind. And the way to one engine behind them, not yet taken: two front-end
+processes sharing one engine core."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +31,15 @@ def two_instances() -> TritonServer:
     server.start().wait_ready(timeout=900, progress=False)
     yield server
     server.stop()
+
+
+def test_two_front_end_processes_share_one_engine_core():
+    """The way to one engine behind several instances: scripts/shared-engine-probe.py starts an engine core for two
+    front-ends, each a process given only its addresses, and both get the same greedy texts from it."""
+    probe = subprocess.run([sys.executable, "scripts/shared-engine-probe.py"], capture_output=True, text=True, timeout=600,
+                           cwd=Path(__file__).resolve().parents[1])
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
+    assert "front-ends answered: {0: 6, 1: 6} same texts: True" in probe.stdout
 
 
 def finished_per_instance(server: TritonServer) -> dict[str, float]:
