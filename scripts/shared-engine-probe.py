@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing as mp
+import queue
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,21 @@ def launch_engine_core(config, count: int):
     return addresses, engine_utils.launch_core_engines(config, executor, True, addresses, count)
 
 
+def collect(results, procs, timeout_s: float = 300) -> dict[int, dict[str, str]]:
+    """Each front-end's texts, as they come; stops early once a front-end died without answering (no wait for
+    the timeout: on a GPU a call's minutes are few)."""
+    got: dict[int, dict[str, str]] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(procs) and time.monotonic() < deadline:
+        try:
+            index, texts = results.get(timeout=1)
+            got[index] = texts
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in got):
+                break
+    return got
+
+
 def main() -> int:
     from vllm.usage.usage_lib import UsageContext
 
@@ -101,11 +117,14 @@ def main() -> int:
     manager = launched[0] if isinstance(launched, tuple) else launched.engine_manager
     print(f"engine core up in {time.perf_counter() - t0:.1f} s", flush=True)
     try:
-        got = dict(results.get(timeout=600) for _ in procs)
+        got = collect(results, procs)
         for p in procs:
             p.join(60)
     finally:
         manager.shutdown()
+    if len(got) < count:
+        print("front-ends answered:", sorted(got), "exit codes:", [p.exitcode for p in procs])
+        return 1
     answered = {i: len(got[i]) for i in sorted(got)}
     same = all(got[0][p] == got[1][p] != "" for p in PROMPTS)
     print("front-ends answered:", answered, "same texts:", same)
