@@ -11,7 +11,8 @@
 #              concurrency 1/16/64/256 (BENCH_LEVELS), 128 tokens, ~100-token prompts, 8 s per level (BENCH_DURATION),
 #              2 repeats (the first Triton start on a fresh machine is cold); four targets at 8 s took 417 s on an H100,
 #              at 6 s 351 s on an H100 and over 440 s on a slow H200 (2026-12-07: 28 of 32 runs in the 437 s left of a 595 s call
-#              after `setup`'s 133 s), so on an unknown machine give `bench` a call of its own
+#              after `setup`'s 133 s), so on an unknown machine give `bench` a call of its own; BENCH_INSTANCES="1,2" measures
+#              each Triton target with one instance and with two sharing the engine (target@x1, target@x2), side by side
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it);
 #              `tests PATH...` runs those paths only: on 2026-12-04 a slower H200 ran past 560 s with the whole suite, so
 #              split it over three calls: on an H100 on 2026-12-07 `tests/test_[a-c]*.py` (128 tests) took over 335 s,
@@ -27,8 +28,7 @@
 #              tokens_per_response, server_execute_ms, the engine's running requests, step time and steps with a prefill per
 #              request, where the time went (engine_e2e_ms, vllm_frontend_ms, outside_vllm_ms), and the CPU columns (ab.csv,
 #              ab-requests.csv, ab-table.txt); AB_INSTANCES="1 2" also runs every variant with two instances of the model
-#              (two engines, two Python processes: ab-x2.csv; each engine takes 0.15 of the GPU's memory, so keep variants x
-#              instances at 5 or fewer); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run, AB_VLLM=1 vLLM's server; a second
+#              (two Python processes, front-ends of one engine: ab-x2.csv); AB_DIRECT=1 adds the in-process engine, the ceiling, to the same run, AB_VLLM=1 vLLM's server; a second
 #              table gives each round's requests/s, arrival_gap_cv and TTFT p50, and per level the correlation, over the Triton
 #              runs, of arrival_gap_cv with requests/s over the round's Triton mean (on an H100 on 2026-12-06, -0.72 to -0.79 at
 #              256 streams: the rounds where the clients' sends bunched served less); AB_LIMIT_S (default 480) bounds each
@@ -229,7 +229,8 @@ PY
     sending_measured "$TUTORIAL_HOME/bench" bench & sender=$!
     timeout -k 20 "$limit" $PY -m utils.bench --targets "${BENCH_TARGETS:-triton-http,triton-grpc,triton-grpc-per-request,vllm-openai,direct}" \
       --concurrency "${BENCH_LEVELS:-1,16,64,256}" --max-tokens 128 --prompt-tokens 100 --duration "${BENCH_DURATION:-8}" --repeats "${BENCH_REPEATS:-2}" \
-      --time-limit $(( limit > 61 ? limit - 60 : 1 )) --out "$TUTORIAL_HOME/bench" 2>&1 | without_progress | tee "$OUT/bench.log"
+      --triton-instances "${BENCH_INSTANCES:-1}" --time-limit $(( limit > 61 ? limit - 60 : 1 )) --out "$TUTORIAL_HOME/bench" 2>&1 \
+      | without_progress | tee "$OUT/bench.log"
     kill $sender; rm -f "$OUT/bench-measured".*
     for f in summary.csv environment.json; do cp "$TUTORIAL_HOME/bench/$f" "$OUT/bench-$f"; done
     pack "$TUTORIAL_HOME/bench" bench  # summary, environment, plots: notebooks/results/<gpu>/ takes them

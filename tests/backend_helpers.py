@@ -13,6 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import numpy as np
+import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 
@@ -159,3 +160,9 @@ def metrics(metrics_url: str) -> dict[str, float]:
 def metric(values: dict[str, float], name: str) -> float:
     """Sum of a metric over its label sets."""
     return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
+
+
+def engine_processes(server) -> list[psutil.Process]:
+    """The vLLM engine core processes under ``server`` (a TritonServer): vLLM names them VLLM::EngineCore."""
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    return [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]

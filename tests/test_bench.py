@@ -601,7 +601,7 @@ def test_cli_sweeps_both_triton_protocols_on_the_session_server(triton, tmp_path
         tmp_path, summary, ["triton-grpc", "triton-http", "triton-grpc-per-request"], 3, 8, 4, 2
     )
     assert environment["benchmark"]["triton_reused"]  # the session's server, not a second one
-    assert environment["benchmark"]["triton_instances"] == 1
+    assert environment["benchmark"]["triton_instances"] == [1]
     with pytest.raises(ValueError, match="triton_instances=2 needs a Triton started by the benchmark"):
         bench.main(argv[:-1] + [str(tmp_path / "two"), "--triton-instances", "2"])
     assert not (tmp_path / "two").exists()

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc.model_config_pb2 as mc
 from google.protobuf import text_format
 
-from tests.backend_helpers import context_length, generate, is_continuation, metric, metrics, stream
+from tests.backend_helpers import context_length, engine_processes, generate, is_continuation, metric, metrics, stream
 from utils import paths
 from utils.repository import config_to_text, prepare_run_repository, read_config
 from utils.server import ServerError, TritonServer, processes_tagged
@@ -118,11 +118,6 @@ class LongStreams:
 def reload(server: TritonServer) -> None:
     assert post(f"http://{server.http_url}/v2/repository/models/vllm_model/load", timeout=900) == 200
     assert model_ready(server)
-
-
-def engine_processes(server: TritonServer) -> list[psutil.Process]:
-    children = psutil.Process(server.process.pid).children(recursive=True)
-    return [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
 
 
 def test_a_stream_interval_in_model_json_gathers_tokens_and_loses_none(scratch):

@@ -954,7 +954,7 @@ def serving_triton(
     vllm_backend: Path | None = None,
 ) -> Iterator[ServerHandle]:
     """The Triton to measure: the one given, else the session's shared one, else one started (and stopped) here
-    with ``instances`` instances of the model (each an engine of its own), serving ``vllm_backend`` (a folder
+    with ``instances`` instances of the model (front-ends of one engine), serving ``vllm_backend`` (a folder
     like backend/vllm; default `paths.backend_source`)."""
     handle = handle or (shared_server() if vllm_backend is None else None)  # a named backend needs its own Triton
     if handle is not None:
@@ -1623,6 +1623,20 @@ def group_targets(targets: Sequence[str], triton_backends: Sequence[str] = ()) -
     return groups
 
 
+def triton_variants(backends: Mapping[str, Path], instance_counts: Sequence[int]) -> dict[str, tuple[Path, int]]:
+    """Each Triton to start, by name: (backend folder, instances of the model). One per backend and instance count;
+    with several counts the name ends in ``-xN`` (``xN`` alone for this tree's backend), so one run measures one
+    instance against several sharing the engine, level by level. Empty: one Triton, no label."""
+    if any(n < 1 for n in instance_counts):
+        raise ValueError(f"triton_instances must be at least 1, got {list(instance_counts)}")
+    if len(instance_counts) == 1:
+        return {name: (path, instance_counts[0]) for name, path in backends.items()}
+    return {
+        f"{name}-x{n}" if name else f"x{n}": (path, n)
+        for name, path in (backends or {"": paths.backend_source()}).items() for n in instance_counts
+    }
+
+
 def checked_backends(triton_backends: Mapping[str, str | Path] | None) -> dict[str, Path]:
     """``triton_backends`` (name -> a folder like backend/vllm) resolved, or a ValueError naming what is wrong."""
     backends = {}
@@ -1651,7 +1665,7 @@ def run_benchmark(
     model: str | None = None,
     engine_overrides: dict | None = None,
     triton: ServerHandle | None = None,
-    triton_instances: int = 1,
+    triton_instances: int | Sequence[int] = 1,
     triton_backends: Mapping[str, str | Path] | None = None,
     out_dir: str | Path | None = None,
     seed: int = 0,
@@ -1667,10 +1681,11 @@ def run_benchmark(
     else one started here; vLLM's server and the direct engine are always started here. Everything is started
     (one after another) before the first level and stopped after the last (`sweep_side_by_side`).
     When this process started the Triton being measured, its model.json is what the others run too.
-    ``triton_instances`` > 1 starts that Triton with as many instances of the model, each an engine and a
-    Python process of its own (the other targets keep one engine). ``triton_backends`` (name -> a folder like
-    backend/vllm) starts one Triton per backend and measures the Triton targets on each, labelled
-    ``target@name``: two designs of the backend side by side, level by level, in one run.
+    ``triton_instances`` > 1 starts that Triton with as many instances of the model, each a Python process of its
+    own and all front-ends of one engine (backend/vllm/sharing.py); several counts (``[1, 2]``) start a Triton for
+    each, labelled ``target@x1``, ``target@x2``. ``triton_backends`` (name -> a folder like backend/vllm) starts one
+    Triton per backend and measures the Triton targets on each, labelled ``target@name``: two designs of the
+    backend side by side, level by level, in one run.
 
     ``time_limit_s`` (counted from this call, servers' start included) ends the sweep before a run that would
     end past it; an interrupt (Ctrl-C, a notebook's stop) ends it at once. Either way the runs measured are
@@ -1680,8 +1695,9 @@ def run_benchmark(
     began = time.monotonic()
     if time_limit_s is not None and time_limit_s <= 0:
         raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
-    backends = checked_backends(triton_backends)
-    groups = group_targets(targets, tuple(backends))
+    counts = (triton_instances,) if isinstance(triton_instances, int) else tuple(triton_instances)
+    variants = triton_variants(checked_backends(triton_backends), counts)
+    groups = group_targets(targets, tuple(variants))
     levels = tuple(Level(concurrency=int(c)) for c in concurrency) + tuple(Level(request_rate=float(r)) for r in request_rate)
     if not levels:
         raise ValueError("give at least one concurrency or request rate")
@@ -1691,12 +1707,12 @@ def run_benchmark(
     )  # fmt: skip
     if "triton" in groups:
         triton = triton or shared_server()
-        if triton is not None and triton_instances != 1:
+        if triton is not None and counts != (1,):
             raise ValueError(
                 f"triton_instances={triton_instances} needs a Triton started by the benchmark, but a running one is "
                 "measured (the triton argument or TUTORIAL_TRITON): stop it or leave triton_instances at 1"
             )
-    elif backends and (triton is not None or not any(name.startswith("triton@") for name in groups)):
+    elif variants and (triton is not None or not any(name.startswith("triton@") for name in groups)):
         raise ValueError(
             "triton_backends starts a Triton per backend for the Triton targets: give one of them "
             "(triton-grpc, triton-http) and no running Triton (the triton argument)"
@@ -1709,7 +1725,7 @@ def run_benchmark(
         "request_rate": [float(r) for r in request_rate], "max_tokens": max_tokens,
         "prompt_tokens": prompt_tokens, "requests": requests, "duration_s": duration_s, "repeats": repeats,
         "warmup": warmup, "workers": workers, "seed": seed, "triton_reused": triton is not None,
-        "triton_instances": triton_instances, "triton_backends": {name: str(path) for name, path in backends.items()},
+        "triton_instances": list(counts), "triton_backends": {name: str(path) for name, (path, _) in variants.items()},
         "time_limit_s": time_limit_s,
     }  # fmt: skip
     total = sum(len(g) for g in groups.values()) * len(levels) * repeats
@@ -1725,8 +1741,9 @@ def run_benchmark(
             kind, _, backend = group_name.partition("@")
             run_dir = out / group_name.replace("@", "-")
             started = time.monotonic()
+            backend_folder, instances = variants.get(backend, (None, counts[0]))
             addresses, metrics, server_pid = running.enter_context(
-                serving(kind, settings, run_dir, triton, progress, triton_instances, backends.get(backend))
+                serving(kind, settings, run_dir, triton, progress, instances, backend_folder)
             )
             startup_s[group_name] = round(time.monotonic() - started, 1)  # time to ready (0 for a reused server)
             for target in group:
@@ -1823,8 +1840,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="model folder or hub id (default: model_repository's model.json)")
     parser.add_argument("--engine-overrides", type=json.loads, default=None,
                         help='AsyncEngineArgs on top of model.json for every target, as JSON, e.g. \'{"max_num_seqs": 256}\'')
-    parser.add_argument("--triton-instances", type=int, default=1,
-                        help="instances of the model in the Triton started here, each an engine of its own")
+    parser.add_argument("--triton-instances", type=_list_of(int), default=[1],
+                        help="instances of the model in the Triton started here, front-ends of one engine; several "
+                             "(1,2) start a Triton for each, results labelled target@xN")
     parser.add_argument("--triton-backends", type=_name_to_path, default=None, metavar="NAME=DIR,...",
                         help="one Triton per backend folder (like backend/vllm), each measured; results labelled target@NAME")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",

@@ -249,7 +249,8 @@ def prepare_run_repository(
     """Copy a repository into a run folder with every model.json made runnable on this machine.
 
     ``instance_count`` sets the count of every instance group: Triton spreads requests over the instances in
-    turn, and each instance of a vLLM model is an engine and a Python process of its own (its own memory)."""
+    turn; each is a Python process of its own, and those on one device are front-ends of one vLLM engine
+    (backend/vllm/sharing.py)."""
     source = Path(source or paths.sample_repository())
     dest = Path(dest)
     if instance_count is not None and instance_count < 1:

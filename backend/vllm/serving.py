@@ -85,6 +85,19 @@ from .detokenize import SenderText, decodable_at_send, rust_tokenizer
 from .inspection import load_model_classes_here
 from .interface import BOOL_INPUTS, OPTIONAL_OUTPUTS
 from .metrics import TritonStatLogger
+from .sharing import (
+    FAILED,
+    READY,
+    EngineBoard,
+    board_folder,
+    engine_addresses,
+    engine_alive,
+    engine_pids,
+    fingerprint,
+    instances_on_device,
+    launch_engine_core,
+    shared_engine_config,
+)
 from .turns import (
     Doorbell,
     OutputPace,
@@ -392,8 +405,20 @@ class VllmModel:
             engine_args.hf_config_path or engine_args.model, trust_remote_code=engine_args.trust_remote_code,
             revision=engine_args.revision,
         )
-        with one_engine_start_at_a_time(current_platform.is_cuda_alike(), lambda line: self.logger.log_info(f"[vllm] {line}")):
-            self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
+        # the engine's processes when this instance shares one (``sharing``): vLLM's client does not watch them then
+        self._board: EngineBoard | None = None
+        self._seat = None
+        self._engine_manager = None
+        self._engine_pids: list[int] = []
+        sharers = instances_on_device(
+            self.model_config.get("instance_group", []), args.get("model_instance_kind", ""),
+            int(args.get("model_instance_device_id") or 0),
+        )
+        if sharers > 1:
+            self.engine = self._share_engine(args, engine_args, stat_loggers, sharers, version_dir / "model.json")
+        else:
+            with one_engine_start_at_a_time(current_platform.is_cuda_alike(), self._log_line):
+                self.engine = self._on_loop(self._start_engine(engine_args, stat_loggers), timeout=None)
         engine_s = time.perf_counter() - engine_started
         self.max_model_len = self.engine.model_config.max_model_len
         self._output_states = per_request_output_states(self.engine)
@@ -412,7 +437,11 @@ class VllmModel:
             f"response objects {'paced to the sender' if self._output_states is not None else 'one per token'}; "
             f"text {'decoded by the sender' if self._rust_tokenizer is not None else 'decoded by vLLM, token by token'}; "
             f"started in {import_s + engine_s:.1f} s (vLLM import {import_s:.1f} s, engine {engine_s:.1f} s)"
+            + (f"; front-end {self._seat.index} of {self._seat.count} sharing one engine" if self._seat else "")
         )
+
+    def _log_line(self, line: str) -> None:
+        self.logger.log_info(f"[vllm] {line}")
 
     def _make_stat_logger(self, vllm_config, engine_index: int = 0):
         labels = {"model": self.model_name, "version": str(self.model_version), "instance": self.instance_name}
@@ -469,6 +498,41 @@ class VllmModel:
         server gets 128 sequences and 2048 tokens per step whatever the GPU (1024 and 8192 for vLLM's server
         on an H200): at 256 streams half the requests would wait for a slot. model.json's values still win."""
         return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers)
+
+    def _share_engine(self, args, engine_args: AsyncEngineArgs, stat_loggers, count: int, model_json: Path) -> AsyncLLM:
+        """This instance's front-end to the one engine of the ``count`` instances on its device (``sharing``):
+        seat 0 starts the engine core and attaches, the others wait until it is up and attach."""
+        device = f"{args.get('model_instance_kind', 'MODEL')}{args.get('model_instance_device_id') or 0}"
+        self._board = EngineBoard(board_folder(self._triton_pid, self.model_name, self.model_version, device))
+        config = shared_engine_config(engine_args, UsageContext.OPENAI_API_SERVER, count)
+        print_ = fingerprint(model_json.read_text(), str(count))
+        self._seat = seat = self._board.take_seat(count, print_, lambda n: engine_addresses(config, n))
+        config.parallel_config._api_process_rank = seat.index
+        try:
+            if seat.starts_engine:
+                with one_engine_start_at_a_time(current_platform.is_cuda_alike(), self._log_line):
+                    self._engine_manager = launch_engine_core(config, seat, not engine_args.disable_log_stats)
+                self._engine_pids = engine_pids(self._engine_manager)
+            else:
+                self._engine_pids = self._board.wait_until_up(seat, self._log_line)
+            engine = self._on_loop(self._attach(config, seat, stat_loggers, engine_args.disable_log_stats), timeout=None)
+        except BaseException as err:
+            if seat.starts_engine:
+                self._board.announce(seat, FAILED, error=repr(err))
+                if self._engine_manager is not None:
+                    self._engine_manager.shutdown()
+            self._board.leave(seat)
+            raise
+        if seat.starts_engine:
+            self._board.announce(seat, READY, self._engine_pids)
+        return engine
+
+    async def _attach(self, config, seat, stat_loggers, disable_log_stats: bool) -> AsyncLLM:
+        return AsyncLLM.from_vllm_config(
+            config, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers,
+            disable_log_stats=disable_log_stats, client_addresses=seat.client_addresses(), client_count=seat.count,
+            client_index=seat.index,
+        )
 
     async def _start_watchers(self) -> None:
         self._has_ready = asyncio.Event()
@@ -697,6 +761,9 @@ class VllmModel:
                 self.logger.log_error(f"[vllm] engine died: {self._dead!r}; unloading {self.model_name}")
                 threading.Thread(target=self._unload_self, daemon=True).start()
                 return
+            if not engine_alive(self._engine_pids):
+                self._shared_engine_gone()
+                return
             if not self._streams:
                 continue
             ready = await self.loop.run_in_executor(self._pollers, self._ask_ready)
@@ -707,6 +774,20 @@ class VllmModel:
                 for stream in list(self._streams.values()):  # tell each client why its stream stopped early
                     self._end(stream, error_response(unloading, pb_utils.TritonError.UNAVAILABLE))
                 return  # no more readiness requests: the server is busy unloading us
+
+    def _shared_engine_gone(self) -> None:
+        """The shared engine's processes ended: stopped by its starter at an unload (it took the engine off the
+        board first: end what is left quietly), or died (fail what is in flight, as a dead engine of one's own)."""
+        if not self._board.lists(self._seat):
+            self._accepting = False
+            for stream in list(self._streams.values()):
+                self._end(stream, error_response(f"{UNLOADING}: request stopped", pb_utils.TritonError.UNAVAILABLE), abort=False)
+            return
+        self._dead = RuntimeError(f"its engine core process exited (pids {self._engine_pids})")
+        self.logger.log_error(f"[vllm] the shared engine died: {self._dead}; unloading {self.model_name}")
+        for stream in list(self._streams.values()):
+            self._end(stream, error_response(self._dead_message(), pb_utils.TritonError.UNAVAILABLE), abort=False)
+        threading.Thread(target=self._unload_self, daemon=True).start()
 
     def _leave_with_triton(self) -> None:
         """(its own thread) Once Triton is gone (killed, crashed, or past its exit timeout), stop vLLM's engine
@@ -721,6 +802,8 @@ class VllmModel:
         try:
             if self.engine is not None:
                 self.engine.shutdown()
+            if self._engine_manager is not None:  # a shared engine this instance started
+                self._engine_manager.shutdown()
         finally:
             os._exit(1)
 
@@ -769,7 +852,11 @@ class VllmModel:
             self._on_loop(self._drain(grace), timeout=grace + 30)
         except Exception as err:  # noqa: BLE001 - finalize must always get to shutting the engine down
             self.logger.log_warn(f"[vllm] draining failed: {err!r}")
-        self.engine.shutdown()
+        if self._seat is not None:
+            self._board.leave(self._seat)  # first: an instance that sees the engine stop then knows it was on purpose
+        self.engine.shutdown()  # a shared engine's client: its sockets only; the engine itself below
+        if self._engine_manager is not None:
+            self._engine_manager.shutdown()
         self.engine = None  # collected below, while the interpreter is whole: AsyncLLM.__del__ shuts down again
         for stat_logger in self._stat_loggers:
             stat_logger.close()
