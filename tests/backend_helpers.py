@@ -166,3 +166,21 @@ def engine_processes(server) -> list[psutil.Process]:
     """The vLLM engine core processes under ``server`` (a TritonServer): vLLM names them VLLM::EngineCore."""
     children = psutil.Process(server.process.pid).children(recursive=True)
     return [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+
+
+def post(url: str, body: dict | None = None, timeout: float = 300) -> int:
+    """POST ``body`` as JSON (Triton's repository API); the HTTP status."""
+    request = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def model_state(server) -> str:
+    """vllm_model's state in ``server``'s repository index (READY, UNAVAILABLE, ...; '' when not listed)."""
+    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        entries = json.loads(reply.read())
+    return next((e.get("state", "") for e in entries if e["name"] == "vllm_model"), "")

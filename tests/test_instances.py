@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.backend_helpers import burst, engine_processes, metrics
+from tests.backend_helpers import burst, engine_processes, metrics, model_state, post
 from utils import paths
 from utils.repository import prepare_run_repository
 from utils.server import TritonServer
@@ -19,12 +19,18 @@ INSTANCES = ("vllm_model_0_0", "vllm_model_0_1")
 ERROR_MARKS = ("Traceback", " ERROR ", "Exception ignored")  # Python's and vLLM's; Triton's lines start with E<date>
 
 
+def start_two_instances(name: str, config_parameters: dict | None = None) -> TritonServer:
+    run_dir = paths.runs_dir() / f"pytest-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    repository = prepare_run_repository(
+        run_dir / "model_repository", instance_count=2, config_parameters=config_parameters, log=lambda _: None
+    )
+    server = TritonServer(repository, run_dir=run_dir, free_ports=True)
+    return server.start().wait_ready(timeout=900, progress=False)
+
+
 @pytest.fixture(scope="module")
 def two_instances() -> TritonServer:
-    run_dir = paths.runs_dir() / f"pytest-instances-{time.strftime('%Y%m%d-%H%M%S')}"
-    repository = prepare_run_repository(run_dir / "model_repository", instance_count=2, log=lambda _: None)
-    server = TritonServer(repository, run_dir=run_dir, free_ports=True)
-    server.start().wait_ready(timeout=900, progress=False)
+    server = start_two_instances("instances")
     yield server
     server.stop()
 
@@ -56,6 +62,36 @@ def test_the_instances_share_one_engine(two_instances):
     assert len(engine_processes(two_instances)) == 1
 
 
+def test_an_unload_stops_both_instances_streams_and_a_load_starts_one_engine_again(two_instances):
+    """Streams on both instances when the model is unloaded: each instance ends its own (the starter stops the
+    engine only at its finalize), nothing of the engine stays, no error is logged, and a load shares one again."""
+    base = f"http://{two_instances.http_url}/v2/repository/models/vllm_model"
+    log_start = two_instances.log_path.stat().st_size
+    prompts = [f"Request {i}: tell me about the sea." for i in range(6)]
+
+    async def unload_mid_stream():
+        pending = asyncio.ensure_future(burst(two_instances.grpc_url, prompts, {"temperature": 0, "ignore_eos": True, "max_tokens": 1500}))
+        await asyncio.sleep(3)  # the streams are running on both instances
+        status = await asyncio.to_thread(post, f"{base}/unload")
+        return status, await asyncio.wait_for(pending, 60)
+
+    started = time.monotonic()
+    status, results = asyncio.run(unload_mid_stream())
+    assert status == 200
+    assert all(r.error is not None and "being unloaded" in r.error for r in results), [r.error for r in results]
+    while model_state(two_instances) != "UNAVAILABLE" and time.monotonic() - started < 60:  # Triton unloads after answering
+        time.sleep(0.5)
+    assert time.monotonic() - started < 30, f"unload took {time.monotonic() - started:.0f} s"
+    assert model_state(two_instances) == "UNAVAILABLE" and engine_processes(two_instances) == []
+    log = two_instances.log_path.read_bytes()[log_start:].decode(errors="replace")
+    problems = [line for line in log.splitlines() if re.match(r"E\d{4} ", line) or any(mark in line for mark in ERROR_MARKS)]
+    assert problems == []
+
+    assert post(f"{base}/load", timeout=900) == 200
+    again = asyncio.run(burst(two_instances.grpc_url, prompts[:4], {"temperature": 0, "ignore_eos": True, "max_tokens": 6}))
+    assert [sum(r.tokens) for r in again] == [6] * 4 and len(engine_processes(two_instances)) == 1
+
+
 def test_a_stop_logs_no_error(two_instances):
     serving_log_end = two_instances.log_path.stat().st_size
     two_instances.stop()
@@ -68,10 +104,7 @@ def test_a_stop_logs_no_error(two_instances):
 def test_a_dead_shared_engine_fails_both_instances_fast():
     """The engine core killed under two instances: vLLM's clients given addresses do not watch it, the backend
     does (by pid), so the requests in flight on both end with an error naming the dead engine, and new ones too."""
-    run_dir = paths.runs_dir() / f"pytest-instances-dead-{time.strftime('%Y%m%d-%H%M%S')}"
-    repository = prepare_run_repository(run_dir / "model_repository", instance_count=2, log=lambda _: None)
-    server = TritonServer(repository, run_dir=run_dir, free_ports=True)
-    server.start().wait_ready(timeout=900, progress=False)
+    server = start_two_instances("instances-dead")
     try:
         sampling = {"temperature": 0, "ignore_eos": True, "max_tokens": 2000}
         prompts = [f"Request {i}: tell me about the sea." for i in range(6)]
@@ -92,5 +125,20 @@ def test_a_dead_shared_engine_fails_both_instances_fast():
         assert after[0].error is not None
         log = server.log_path.read_text(errors="replace")
         assert "the shared engine died" in log
+    finally:
+        server.stop()
+
+
+def test_engine_per_instance_gives_each_instance_an_engine_and_a_whole_kv_cache():
+    """config.pbtxt's ``engine_per_instance: yes``: an engine each, as instance groups mean for other backends. On a
+    GPU they start one at a time: of two engines started together on an H200 the second measured the first's memory
+    as its own and got 47,296 KV-cache tokens against the first's 902,384."""
+    server = start_two_instances("instances-apart", {"engine_per_instance": "yes"})
+    try:
+        results = asyncio.run(burst(server.grpc_url, [f"Request {i}" for i in range(8)], {"temperature": 0, "ignore_eos": True, "max_tokens": 12}))
+        assert [sum(r.tokens) for r in results] == [12] * 8
+        sizes = [int(size.replace(",", "")) for size in re.findall(r"KV cache size: ([\d,]+) tokens", server.log_path.read_text(errors="replace"))]
+        assert len(sizes) == 2 and min(sizes) >= 0.9 * max(sizes), sizes
+        assert len(engine_processes(server)) == 2
     finally:
         server.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import signal
 import socket
@@ -18,7 +17,17 @@ import pytest
 import tritonclient.grpc.model_config_pb2 as mc
 from google.protobuf import text_format
 
-from tests.backend_helpers import context_length, engine_processes, generate, is_continuation, metric, metrics, stream
+from tests.backend_helpers import (
+    context_length,
+    engine_processes,
+    generate,
+    is_continuation,
+    metric,
+    metrics,
+    model_state,
+    post,
+    stream,
+)
 from utils import paths
 from utils.repository import config_to_text, prepare_run_repository, read_config
 from utils.server import ServerError, TritonServer, processes_tagged
@@ -52,22 +61,6 @@ def scratch(scratch_server: TritonServer) -> TritonServer:
     if scratch_server.process.poll() is None and not model_ready(scratch_server):
         reload(scratch_server)
     return scratch_server
-
-
-def post(url: str, body: dict | None = None, timeout: float = 300) -> int:
-    request = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            return reply.status
-    except urllib.error.HTTPError as err:
-        return err.code
-
-
-def model_state(server: TritonServer) -> str:
-    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        entries = json.loads(reply.read())
-    return next((e.get("state", "") for e in entries if e["name"] == "vllm_model"), "")
 
 
 def model_ready(server: TritonServer) -> bool:

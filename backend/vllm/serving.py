@@ -414,7 +414,7 @@ class VllmModel:
             self.model_config.get("instance_group", []), args.get("model_instance_kind", ""),
             int(args.get("model_instance_device_id") or 0),
         )
-        if sharers > 1:
+        if sharers > 1 and self._parameter("engine_per_instance", "no").lower() not in ("yes", "true", "1"):
             self.engine = self._share_engine(args, engine_args, stat_loggers, sharers, version_dir / "model.json")
         else:
             with one_engine_start_at_a_time(current_platform.is_cuda_alike(), self._log_line):

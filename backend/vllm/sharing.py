@@ -8,11 +8,12 @@ parallel, each with its own GIL and IPC channel; with an engine each they would 
 the batches. So they share one engine core, as the front-ends of vLLM's ``--api-server-count`` do: the first
 instance to start launches the engine core for all of them and is its front-end 0; each other instance attaches
 to it by its IPC addresses (``AsyncLLM(client_addresses=..., client_count=N, client_index=i)``), the engine routes
-each request's outputs back to the front-end that sent it.
+each request's outputs back to the front-end that sent it. config.pbtxt's ``engine_per_instance: yes`` gives each
+instance an engine of its own instead (two on one GPU each need their own ``gpu_memory_utilization`` share).
 
 The instances meet on a board: a folder per Triton process, model, version and device in the temporary
-directory, where ``engine.json`` (written under a file lock) says which engine is starting or up, its addresses,
-how many of its seats are taken, and its processes. Each instance holds a lock on its seat's file while it lives,
+directory, where an ``engine-<id>.json`` per engine (written under a file lock) says whether it is starting or up,
+its addresses, how many of its seats are taken, and its processes. Each instance holds a lock on its seat's file while it lives,
 so a seat whose lock is free belongs to an instance that is gone (killed or finished). vLLM's clients given
 addresses do not watch the engine's processes, so each instance watches them by pid (``engine_alive``). At an
 unload Triton finalizes the instances one after the other, the engine's starter (seat 0) first, with no request
@@ -113,7 +114,6 @@ class EngineBoard:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.record_path = folder / "engine.json"
 
     # ---- taking and leaving a seat ----------------------------------------------------------------------
     def take_seat(self, count: int, print_: str, addresses_for: Callable[[int], list[tuple[str, str]]]) -> Seat:
@@ -121,11 +121,8 @@ class EngineBoard:
         starter; otherwise seat 0 at a new engine (``addresses_for(count)``: its (input, output) IPC addresses)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._locked():
-            record = self._read()
-            if (
-                record is not None and record["fingerprint"] == print_ and record["state"] != FAILED
-                and record["taken"] < record["count"] and self._seat_held(record["id"], 0)
-            ):
+            record = next((r for r in self._records() if self._joinable(r, print_)), None)
+            if record is not None:
                 index = record["taken"]
                 record["taken"] += 1
             else:
@@ -138,19 +135,18 @@ class EngineBoard:
         return Seat(record["id"], index, record["addresses"], lock)
 
     def leave(self, seat: Seat) -> None:
-        """Give the seat up; the starter also takes its engine off the board (unless a newer one replaced it)."""
+        """Give the seat up; the starter also takes its engine off the board."""
         with self._locked():
-            record = self._read()
-            if seat.starts_engine and record is not None and record["id"] == seat.engine_id:
-                self.record_path.unlink(missing_ok=True)
+            if seat.starts_engine:
+                self._record_path(seat.engine_id).unlink(missing_ok=True)
             self._release(seat)
 
     # ---- the engine's state -----------------------------------------------------------------------------
     def announce(self, seat: Seat, state: str, pids: list[int] = (), error: str = "") -> None:
         """(the starter) The engine is up with these processes, or failed to start."""
         with self._locked():
-            record = self._read()
-            if record is not None and record["id"] == seat.engine_id:
+            record = self._read(seat.engine_id)
+            if record is not None:
                 record.update(state=state, pids=list(pids), error=error)
                 self._write(record)
 
@@ -161,8 +157,8 @@ class EngineBoard:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         said = False
         while True:
-            record = self._read()
-            if record is None or record["id"] != seat.engine_id:
+            record = self._read(seat.engine_id)
+            if record is None:
                 raise RuntimeError("the engine this instance was to share was taken off its board before it started")
             if record["state"] == READY:
                 return record["pids"]
@@ -180,8 +176,7 @@ class EngineBoard:
     def lists(self, seat: Seat) -> bool:
         """Whether ``seat``'s engine is still on the board: its starter takes it off before stopping it at an
         unload, so an engine gone from the board stopped on purpose, one still there died."""
-        record = self._read()
-        return record is not None and record["id"] == seat.engine_id
+        return self._record_path(seat.engine_id).exists()
 
     # ---- files ------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -193,16 +188,31 @@ class EngineBoard:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _read(self) -> dict | None:
+    def _joinable(self, record: dict, print_: str) -> bool:
+        """An engine with a free seat, the same settings, and a starter that is there (and did not fail)."""
+        return (
+            record["fingerprint"] == print_ and record["state"] != FAILED and record["taken"] < record["count"]
+            and self._seat_held(record["id"], 0)
+        )
+
+    def _record_path(self, engine_id: str) -> Path:
+        return self.folder / f"engine-{engine_id}.json"
+
+    def _records(self) -> list[dict]:
+        found = (self._read(path.stem.removeprefix("engine-")) for path in sorted(self.folder.glob("engine-*.json")))
+        return [record for record in found if record is not None]
+
+    def _read(self, engine_id: str) -> dict | None:
         try:
-            return json.loads(self.record_path.read_text())
+            return json.loads(self._record_path(engine_id).read_text())
         except (OSError, json.JSONDecodeError):
             return None
 
     def _write(self, record: dict) -> None:
-        partial = self.record_path.with_suffix(".partial")
+        path = self._record_path(record["id"])
+        partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(record))
-        partial.replace(self.record_path)
+        partial.replace(path)
 
     def _seat_path(self, engine_id: str, index: int) -> Path:
         return self.folder / f"{engine_id}-seat{index}.lock"
