@@ -430,6 +430,21 @@ def test_cli_lists_and_defaults():
     }
 
 
+def test_several_instance_counts_get_a_triton_each(tmp_path):
+    """--triton-instances 1,2: one Triton per count (this tree's backend), per backend with --triton-backends."""
+    ours = paths.backend_source()
+    assert bench.triton_variants({}, (1,)) == {}
+    assert bench.triton_variants({}, (1, 2)) == {"x1": (ours, 1), "x2": (ours, 2)}
+    assert bench.triton_variants({"new": tmp_path}, (2,)) == {"new": (tmp_path, 2)}
+    assert bench.triton_variants({"new": tmp_path}, (1, 4)) == {"new-x1": (tmp_path, 1), "new-x4": (tmp_path, 4)}
+    with pytest.raises(ValueError, match="at least 1"):
+        bench.triton_variants({}, (1, 0))
+    assert bench.parse_args(["--triton-instances", "1,2"]).triton_instances == [1, 2]
+    assert bench.group_targets(["triton-grpc", "direct"], ("x1", "x2")) == {
+        "triton@x1": ["triton-grpc"], "triton@x2": ["triton-grpc"], "direct": ["direct"],
+    }
+
+
 # ---- plots ----------------------------------------------------------------------------------------------------------
 def made_up_summary() -> pd.DataFrame:
     rows = []

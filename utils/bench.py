@@ -1709,7 +1709,7 @@ def run_benchmark(
         triton = triton or shared_server()
         if triton is not None and counts != (1,):
             raise ValueError(
-                f"triton_instances={triton_instances} needs a Triton started by the benchmark, but a running one is "
+                f"triton_instances={','.join(map(str, counts))} needs a Triton started by the benchmark, but a running one is "
                 "measured (the triton argument or TUTORIAL_TRITON): stop it or leave triton_instances at 1"
             )
     elif variants and (triton is not None or not any(name.startswith("triton@") for name in groups)):
