@@ -1,6 +1,7 @@
 """The rules by which the instances of a model find their one engine (backend/vllm/sharing.py), without Triton or
-vLLM: how many instances share a device, the board's seats, the engine's state, a starter that is gone.
-tests/test_instances.py runs them for real: two instances in one Triton on one engine."""
+vLLM: how many instances share a device, the board's seats, the engine's state, a starter that is gone; and the
+GPU a KIND_GPU instance's engine is kept on (backend/vllm/checks.py). tests/test_instances.py runs the sharing for
+real: two instances in one Triton on one engine."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.vllm.checks import instance_gpu
 from backend.vllm.sharing import (
     FAILED,
     READY,
@@ -133,3 +135,12 @@ def test_a_dead_process_and_a_zombie_are_not_alive():
 def test_the_fingerprint_tells_settings_apart():
     assert fingerprint('{"model": "a"}', "2") == fingerprint('{"model": "a"}', "2")
     assert fingerprint('{"model": "a"}', "2") != fingerprint('{"model": "a"}', "3") != fingerprint('{"model": "b"}', "3")
+
+
+def test_a_kind_gpu_instance_keeps_its_engine_on_its_gpu():
+    assert instance_gpu("GPU", "1", None) == "1"
+    assert instance_gpu("KIND_GPU", 1, "4,5,6") == "5"  # Triton's device 1 is the second GPU it was given
+    assert instance_gpu("GPU", "0", "GPU-3f2a, GPU-77c1") == "GPU-3f2a"
+    assert instance_gpu("MODEL", "0", None) is None and instance_gpu("CPU", "0", "0") is None
+    with pytest.raises(ValueError, match="sees only CUDA_VISIBLE_DEVICES=2"):
+        instance_gpu("GPU", "1", "2")

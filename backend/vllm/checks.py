@@ -28,6 +28,25 @@ def instance_kind_problem(instance_kind: str, engine_settings: dict) -> str | No
     return None
 
 
+def instance_gpu(instance_kind: str, device_id: str | int | None, visible: str | None) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` that keeps a KIND_GPU instance's engine on the GPU Triton gave it; None for the
+    other kinds, whose engine vLLM places itself.
+
+    Triton numbers the GPUs it sees, so when Triton itself was started with ``CUDA_VISIBLE_DEVICES`` (``visible``),
+    its device 1 is that list's second entry. vLLM's engine core is a process spawned by the stub: only the
+    environment reaches it (``torch.cuda.set_device`` in the stub, what the published backend does, would not).
+    """
+    if instance_kind.upper().removeprefix("KIND_") != "GPU" or device_id in (None, ""):
+        return None
+    index = int(device_id)
+    if not visible:
+        return str(index)
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    if not 0 <= index < len(entries):
+        raise ValueError(f"KIND_GPU instance on device {index}, but Triton sees only CUDA_VISIBLE_DEVICES={visible}")
+    return entries[index]
+
+
 QUIET_US = 1500  # the default quiet period: about one engine step of a small model under load on an H100/H200
 
 

@@ -73,7 +73,7 @@ from vllm.v1.engine.output_processor import RequestOutputCollector
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from .admission import Admission
-from .checks import instance_kind_problem, queue_window
+from .checks import instance_gpu, instance_kind_problem, queue_window
 from .coordination import (
     answer_within,
     model_ready_over_http,
@@ -373,6 +373,7 @@ class VllmModel:
         check_output_collector()
         engine_args = self._engine_args(version_dir / "model.json")
         self._check_parallelism_fits_instance(args, self._engine_settings)
+        self._keep_engine_on_instance_gpu(args)
         window = self._queue_window()  # (quiet_s, longest_s): a bad value fails the load before the engine starts
         self.loras = self._lora_table(version_dir, engine_args)
         self._lora_ids = {name: i + 1 for i, name in enumerate(sorted(self.loras))}
@@ -462,6 +463,18 @@ class VllmModel:
         problem = instance_kind_problem(args.get("model_instance_kind", ""), engine_settings)
         if problem:
             raise pb_utils.TritonModelException(problem)
+
+    def _keep_engine_on_instance_gpu(self, args) -> None:
+        """A KIND_GPU instance's engine sees only the instance's GPU (``checks.instance_gpu``): the engines of
+        ``gpus: [0, 1]`` would otherwise all start on the first."""
+        try:
+            gpu = instance_gpu(args.get("model_instance_kind", ""), args.get("model_instance_device_id"),
+                               os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except ValueError as err:
+            raise pb_utils.TritonModelException(str(err)) from None
+        if gpu is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+            self._log_line(f"{self.instance_name}: KIND_GPU instance, its engine on GPU {gpu} only (CUDA_VISIBLE_DEVICES)")
 
     def _engine_args(self, path: Path) -> AsyncEngineArgs:
         if not path.exists():
