@@ -290,10 +290,13 @@ def killed_with_streams_in_flight(
 
 def test_a_killed_server_leaves_no_engine_behind(tmp_path):
     """Triton killed (or crashed) with streams in flight: its stub, re-parented away, stops vLLM's engine and
-    exits (both stayed for as long as anyone looked, holding their memory; a GPU's, on a GPU)."""
+    exits (both stayed for as long as anyone looked, holding their memory; a GPU's, on a GPU). Now and then the
+    stub never runs Python again after the kill (the next test makes that case every time) and its watchdog stops
+    everything 10 s later instead: in CI once in about 14 runs of this test, at a0ab376 (2026-12-07)."""
     with killed_with_streams_in_flight(tmp_path, lambda server, stub: server.process.kill()) as (server, left, gone_after, _):
         assert still_running(left) == [] and gone_after < 20
-        assert "is gone: stopping the engine and this stub" in server.log_path.read_text(errors="replace")
+        log = server.log_path.read_text(errors="replace")
+        assert "is gone: stopping the engine and this stub" in log or "[vllm] watchdog:" in log, log[-2000:]
 
 
 def test_a_killed_server_whose_stub_cannot_run_leaves_nothing_behind(tmp_path):
