@@ -94,6 +94,7 @@ def test_a_failed_or_vanished_starter_fails_the_waiting_instances_at_once(tmp_pa
     starter = board.take_seat(2, "print", pairs)
     member = board.take_seat(2, "print", pairs)
     board.announce(starter, FAILED, error="CUDA out of memory")
+    board.leave(starter)  # the starter gives up at once: the reason stays on the board for those waiting
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         board.wait_until_up(member, log=lambda _: None)
     board = EngineBoard(tmp_path / "two")

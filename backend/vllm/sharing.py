@@ -135,10 +135,12 @@ class EngineBoard:
         return Seat(record["id"], index, record["addresses"], lock)
 
     def leave(self, seat: Seat) -> None:
-        """Give the seat up; the starter also takes its engine off the board."""
+        """Give the seat up; the starter also takes its engine off the board, unless the engine failed to start:
+        that record stays (never joined again), so an instance still waiting reads why, not just that it is gone."""
         with self._locked():
-            if seat.starts_engine:
-                self._record_path(seat.engine_id).unlink(missing_ok=True)
+            record = self._read(seat.engine_id)
+            if seat.starts_engine and record is not None and record["state"] != FAILED:
+                self._record_path(seat.engine_id).unlink()
             self._release(seat)
 
     # ---- the engine's state -----------------------------------------------------------------------------
