@@ -11,7 +11,8 @@
 #              concurrency 1/16/64/256 (BENCH_LEVELS), 128 tokens, ~100-token prompts, 8 s per level (BENCH_DURATION),
 #              2 repeats (the first Triton start on a fresh machine is cold); four targets at 8 s took 417 s on an H100,
 #              at 6 s 351 s on an H100 and over 440 s on a slow H200 (2026-12-07: 28 of 32 runs in the 437 s left of a 595 s call
-#              after `setup`'s 133 s), so on an unknown machine give `bench` a call of its own; BENCH_INSTANCES="1,2" measures
+#              after `setup`'s 133 s), so on an unknown machine give `bench` a call of its own (the engines start one after another:
+#              on an H100 on 2026-12-08 Triton x1, Triton x2 and `direct` took 155 s to be up); BENCH_INSTANCES="1,2" measures
 #              each Triton target with one instance and with two sharing the engine (target@x1, target@x2), side by side
 #   tests      pytest tests/ with its own session server (the machine's first, cold start: the ready line splits it);
 #              `tests PATH...` runs those paths only: on 2026-12-04 a slower H200 ran past 560 s with the whole suite, so
